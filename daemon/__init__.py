@@ -1,0 +1,1 @@
+"""The runtime: config, persistence, supervision, watching, disk guard, CLI."""

@@ -1,0 +1,77 @@
+"""``shoprld check``: validate the config, then print the launch checklist. No side effects.
+
+It reproduces the etiquette's launch checklist: the disk summary of repo and volume, the
+chosen campaign root, every cache and output path redirected, the ``.env`` keys present
+(names only), and "ready" or the first blocking item.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .config import PLACEHOLDERS, Config, load_config
+from .layout import Layout
+from .secrets import Secrets, load_secrets
+
+
+def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
+    """Everything that would stop `shoprld run` before any work, as one line each."""
+    from .preflight import preflight_problems
+
+    problems: list[str] = []
+    try:
+        secrets.require(cfg.required_secrets())
+    except Exception as exc:  # ConfigError: one line already
+        problems.append(str(exc))
+    problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
+    return problems
+
+
+def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = False) -> int:
+    if placeholders:
+        for name, what in sorted(PLACEHOLDERS.items()):
+            print(f"{{{name}}}\t{what}")
+        return 0
+    cfg = load_config(path)
+    layout = Layout.from_config(cfg)
+    secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    out = sys.stdout.write
+    out(f"campaign      {cfg.campaign.name} / {cfg.campaign.experiment}: "
+        f"{cfg.campaign.rounds} rounds x {cfg.campaign.steps_per_round} steps\n")
+    out(f"config        {cfg.source}\n")
+    rows = {
+        "repo": layout.repo, "project root": layout.project_root, "ephemeral root": layout.ephemeral_root,
+        "brev root": layout.brev_root, "cache root": layout.cache_root, "campaign root": layout.campaign_root,
+        "exp dir": layout.exp_dir, "state dir": layout.state_dir, "ledger": layout.ledger,
+        "env file": layout.env_file,
+    }
+    rows.update(layout.heavy_paths(cfg))
+    out("\npaths\n")
+    for k, v in rows.items():
+        out(f"  {k:<22} {v}\n")
+    out("\nchild environment (every stage)\n")
+    env = layout.child_env(cfg, base={})
+    for k in sorted(env):
+        out(f"  {k}={secrets.redact(env[k])}\n")
+    present = sorted(k for k, v in secrets.values.items() if v)
+    out(f"\n.env keys present ({layout.env_file}): {', '.join(present) if present else 'none'}\n")
+    need = cfg.required_secrets()
+    out(f".env keys required: {', '.join(f'{k} ({why})' for k, why in need.items()) or 'none'}\n")
+    if print_commands:
+        from .commands import describe_commands
+
+        out("\nstage commands (round 0 and round 1; secrets masked)\n")
+        for line in describe_commands(cfg, layout, secrets):
+            out(f"{line}\n")
+    from .preflight import df_text
+
+    out("\n" + df_text(cfg, layout) + "\n")
+    problems = _blocking(cfg, layout, secrets)
+    if problems:
+        out(f"\nNOT READY: {problems[0]}\n")
+        for extra in problems[1:]:
+            out(f"  also: {extra}\n")
+        return 3
+    out("\nready\n")
+    return 0

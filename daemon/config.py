@@ -1,0 +1,553 @@
+"""Campaign config: one TOML file -> frozen, validated pydantic models.
+
+Every error is ONE line: ``<file>: <key>: <problem> (got <value>); fix: <fix>``. The CLI
+prints it and exits 3. Relative paths in the file are relative to the file's directory,
+so a recipe can be moved together with the tree it describes.
+
+Command templates are argv lists. ``{name}`` placeholders are expanded per round by
+:func:`expand` without a shell, one argv element at a time, so a value with spaces stays
+one argument. The set of known placeholders is :data:`PLACEHOLDERS` plus the campaign's
+own ``[vars]``; an unknown one is a config error, not a run-time surprise at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import tomllib
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import ConfigError
+
+# Placeholders the engine fills in for every stage command (see states/base.py).
+PLACEHOLDERS: dict[str, str] = {
+    "python": "the interpreter running shoprld",
+    "recipe_dir": "the directory holding this campaign file",
+    "demo_dir": "the demo stand-ins' directory (run/demo)",
+    "repo": "the repo checkout",
+    "project_root": "the ShopSimRL project root (its runs/ points into the experiment dir)",
+    "runs": "<project_root>/runs",
+    "exp_dir": "the experiment dir on the volume",
+    "campaign_root": "the campaign root on the volume",
+    "cache_root": "the shared cache root",
+    "logs_dir": "<exp_dir>/logs",
+    "save_dir": "the Megatron save dir (TRAIN_SAVE)",
+    "hf_dir": "the one HF export dir the val server reads (SAVE_HF)",
+    "hf_tmp_dir": "a fresh temp dir for the converter route",
+    "origin_hf_dir": "export.origin_hf_dir (config and tokenizer for the converter)",
+    "load": "--load for this round: the save dir once it has a tracker, else train.base_load",
+    "base_load": "the converted base model (round 0's --load)",
+    "num_rollout": "slime's --num-rollout for this round (absolute end)",
+    "end_iteration": "the iteration this round's final save has",
+    "save_interval": "train.save_interval",
+    "round": "the 0-based round index",
+    "round_id": "round-%03d",
+    "next_round_id": "the next round's id",
+    "loop_dir": "<runs>/loop/<round_id>",
+    "skillbank": "this round's SkillBank file",
+    "curriculum": "this round's curriculum file",
+    "history_ledger": "the previous round's proposal ledger ('' for round 0)",
+    "selected_skillbank": "the gate's selected_skillbank.json for this round",
+    "next_skillbank": "the next round's SkillBank: the gate's selection, or the current one kept",
+    "next_curriculum": "<runs>/<next_round_id>/curriculum.json",
+    "stop_file": "the analyst sidecar's stop file",
+    "shopsim_url": "shopsim.url",
+    "shopsim_port": "the port of shopsim.url",
+    "slots": "shopsim.slots",
+    "episode_concurrency": "shopsim.episode_concurrency",
+    "val_url": "val.url",
+    "val_host": "the host of val.url",
+    "val_port": "the port of val.url",
+    "val_concurrency": "val.concurrency",
+    "val_tasks": "val.tasks",
+    "tp_size": "gpus.tp_size",
+    "num_gpus": "the number of visible GPUs",
+    "cuda_visible_devices": "the visible GPU ids, comma-separated",
+    "wandb_project": "wandb.project",
+    "wandb_group": "wandb.group",
+    "wandb_mode": "wandb.mode",
+    "wandb_dir": "<exp_dir>/wandb",
+    "seed": "campaign.seed",
+    "checkpoint_dir": "<save_dir>/iter_<end_iteration>",
+    "weight_version": "the weight version the val server must report (iter_<end_iteration>)",
+}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
+}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s|ms)")
+
+
+def parse_size(value: Any) -> int:
+    """``"53GiB"``, ``"500MB"``, ``1048576`` -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 53GiB or a number of bytes")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2) is not None and m.group(2).lower() in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    raise ValueError("expected a size such as 53GiB, 500MB or a number of bytes")
+
+
+def parse_duration(value: Any) -> float:
+    """``"1h30m"``, ``"45s"``, ``90`` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30m, 2h or a number of seconds")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        parts = _DURATION_RE.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            scale = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+            return sum(float(n) * scale[u] for n, u in parts)
+    raise ValueError("expected a duration such as 30m, 2h or a number of seconds")
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Command = tuple[str, ...]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class CampaignSection(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    experiment: str = Field(default="main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    rounds: int = Field(ge=1)
+    steps_per_round: int = Field(ge=1)
+    seed: int = 0
+    # An absolute time (ISO 8601) or a duration from the first start; "" means none.
+    deadline: str = ""
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: str) -> str:
+        if v:
+            deadline_seconds_or_time(v)
+        return v
+
+
+class StorageSection(_Model):
+    repo: Path = Path(".")
+    ephemeral_root: Path = Path("/ephemeral")
+    # ${USER:-ubuntu}: USER is often unset under systemd.
+    user: str = ""
+    state_dir: Path | None = None
+    env_file: Path = Path(".env")
+    project_root: Path | None = None
+    ledger: str = "reports/shoprld/{campaign}.tsv"
+    blank_cache: bool = False
+    # The tools hard-code <project_root>/runs; the daemon makes it a symlink into the
+    # experiment dir so generated output never lands in the checkout.
+    manage_runs_link: bool = True
+    repo_hygiene_max: Size = 50 * 1024**2
+
+
+class DiskSection(_Model):
+    require_mount: bool = True
+    forbid_same_fs: bool = True
+    interval: Duration = 5.0
+    soft_limit: Size | None = None
+    hard_limit: Size | None = None
+    hysteresis: Size = 64 * 1024**2
+    checkpoint_estimate: Size = 53 * 1024**3
+    hf_estimate: Size = 9 * 1024**3
+    margin: Size = 2 * 1024**3
+    min_inodes: int = Field(default=10_000, ge=0)
+    ballast: Size = 256 * 1024**2
+    wait_for_space: bool = False
+    settle: Duration = 30.0
+
+    @model_validator(mode="after")
+    def _soft_above_hard(self) -> DiskSection:
+        if self.soft_limit is not None and self.hard_limit is not None:
+            if self.soft_limit <= self.hard_limit:
+                raise ValueError(
+                    f"soft_limit ({self.soft_limit}) must be above hard_limit ({self.hard_limit})"
+                    "; fix: raise disk.soft_limit or lower disk.hard_limit"
+                )
+        return self
+
+
+class GpuSection(_Model):
+    visible: tuple[int, ...] = (0, 1, 2, 3)
+    tp_size: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _tp_divides(self) -> GpuSection:
+        if not self.visible:
+            raise ValueError("gpus.visible is empty; fix: list at least one GPU id")
+        if len(set(self.visible)) != len(self.visible):
+            raise ValueError(f"gpus.visible has duplicates {list(self.visible)}; fix: list each id once")
+        if len(self.visible) % self.tp_size:
+            raise ValueError(
+                f"NUM_GPUS={len(self.visible)} is not divisible by tp_size={self.tp_size}"
+                "; fix: change gpus.tp_size or gpus.visible"
+            )
+        return self
+
+
+class ProcessSpec(_Model):
+    """What every launched program shares: argv template, env, conda env, timeouts, retries."""
+
+    command: Command = ()
+    env: dict[str, str] = {}
+    # Secrets (names from .env) this child gets in its environment, never in argv.
+    secrets: tuple[str, ...] = ()
+    # Run through conda's own activation (activate.d hooks run), e.g. the slime env.
+    conda_prefix: Path | None = None
+    cwd: Path | None = None
+    timeout: Duration = 0.0  # 0: no timeout
+    retries: int = Field(default=2, ge=0)
+    backoff: Duration = 1.0
+    grace: Duration = 10.0
+
+
+class ShopsimSection(ProcessSpec):
+    url: str = "http://127.0.0.1:5700"
+    health_path: str = "/healthz"
+    slots: int = Field(default=48, ge=1)
+    episode_concurrency: int = Field(default=32, ge=1)
+    start_timeout: Duration = 300.0
+    manage: bool = True
+
+    @model_validator(mode="after")
+    def _slots(self) -> ShopsimSection:
+        if self.slots < self.episode_concurrency:
+            raise ValueError(
+                f"slots={self.slots} is below episode_concurrency={self.episode_concurrency}"
+                "; fix: raise shopsim.slots (the seed uses 48 for 32)"
+            )
+        return self
+
+
+class TrainSection(ProcessSpec):
+    launcher: Literal["local", "ray"] = "local"
+    # emit_training_loop_round.py: writes <runs>/loop/<round>/{slime,analysis,val,gate}.yaml.
+    emit_command: Command = ()
+    # `run_shopsimrl.py training check CFG --task-data F` must print {"status":"ready"}.
+    check_command: Command = ()
+    save_interval: int = Field(default=10_000, ge=1)
+    # Round r ends at iteration (r+1)*steps_per_round + end_offset (seed: 0; slime's plain
+    # 0-based numbering: -1). --num-rollout is that end + 1.
+    end_offset: int = 0
+    base_load: Path | None = None
+    watch: Literal["auto", "inotify", "poll"] = "auto"
+    poll_interval: Duration = 1.0
+    rescan_interval: Duration = 30.0
+    stall_factor: float = Field(default=3.0, gt=0)
+    stall_min: Duration = 1800.0
+    stall_policy: Literal["restart", "alert"] = "restart"
+    progress_pattern: str = r"rollout (\d+)"
+    # Ray Jobs launcher.
+    ray_address: str = "http://127.0.0.1:8265"
+    ray_start_head: bool = False
+    ray_head_command: Command = ()
+    runtime_env: dict[str, str] = {}
+
+    @field_validator("progress_pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            if re.compile(v).groups < 1:
+                raise ValueError("needs one group capturing the rollout id")
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
+        return v
+
+
+class SidecarSection(ProcessSpec):
+    enabled: bool = True
+    drain_timeout: Duration = 300.0
+
+
+class ExportSection(ProcessSpec):
+    mode: Literal["save_hf", "convert"] = "save_hf"
+    hf_dir: Path | None = None
+    origin_hf_dir: Path | None = None
+
+
+class ValSection(ProcessSpec):
+    server_command: Command = ()
+    server_env: dict[str, str] = {}
+    url: str = "http://127.0.0.1:30000"
+    health_path: str = "/health"
+    ready_timeout: Duration = 600.0
+    concurrency: int = Field(default=32, ge=1)
+    tasks: int = Field(default=400, ge=1)
+    min_coverage: float = Field(default=1.0, gt=0, le=1)
+    reuse_server: bool = False
+    server_grace: Duration = 30.0
+
+
+class GateSection(ProcessSpec):
+    analyze_command: Command = ()
+    analyze_secrets: tuple[str, ...] = ()
+    overlap_analyze: bool = True
+    policy: Literal["continue", "retry", "stop"] = "continue"
+
+
+class InjectSection(ProcessSpec):
+    on_incomplete: Literal["keep"] = "keep"
+    cold_start_skillbank: Path | None = None
+    cold_start_curriculum: Path | None = None
+
+
+class WandbSection(_Model):
+    enabled: bool = True
+    mode: Literal["online", "offline", "disabled"] = "online"
+    project: str = "shopsimrl"
+    group: str = ""
+
+
+class SecretsSection(_Model):
+    required: tuple[str, ...] = ()
+
+
+class PreflightSection(_Model):
+    # Paths (templates allowed) the real stack needs before any GPU work.
+    must_exist: dict[str, str] = {}
+    # When the torch_dist copy is missing, the command that creates it (for the message).
+    convert_hint: str = ""
+
+
+class Config(_Model):
+    """A whole campaign, frozen. ``source`` is the file it came from."""
+
+    campaign: CampaignSection
+    storage: StorageSection = StorageSection()
+    disk: DiskSection = DiskSection()
+    gpus: GpuSection = GpuSection()
+    shopsim: ShopsimSection = ShopsimSection()
+    train: TrainSection
+    sidecar: SidecarSection = SidecarSection(enabled=False)
+    export: ExportSection = ExportSection()
+    val: ValSection = ValSection()
+    gate: GateSection = GateSection()
+    inject: InjectSection = InjectSection()
+    wandb: WandbSection = WandbSection()
+    secrets: SecretsSection = SecretsSection()
+    preflight: PreflightSection = PreflightSection()
+    vars: dict[str, str] = {}
+    source: Path = Path("campaign.toml")
+
+    @model_validator(mode="after")
+    def _templates(self) -> Config:
+        known = set(PLACEHOLDERS) | set(self.vars)
+        for key, template in self.templates():
+            for name in placeholders_in(template, key):
+                if name not in known:
+                    raise ValueError(
+                        f"@{key}: unknown placeholder {{{name}}}; fix: use one of "
+                        f"{', '.join(sorted(known)[:8])}, ... (see `shoprld check --placeholders`) or define it in [vars]"
+                    )
+        if not self.train.command:
+            raise ValueError("@train.command: empty; fix: give slime's argv as a list of strings")
+        return self
+
+    def templates(self) -> list[tuple[str, str]]:
+        """Every template string in the config, with its dotted key."""
+        out: list[tuple[str, str]] = []
+        sections: dict[str, BaseModel] = {
+            "shopsim": self.shopsim, "train": self.train, "sidecar": self.sidecar,
+            "export": self.export, "val": self.val, "gate": self.gate, "inject": self.inject,
+        }
+        for sname, sec in sections.items():
+            for field in ("command", "server_command", "analyze_command", "ray_head_command",
+                          "emit_command", "check_command"):
+                for i, arg in enumerate(getattr(sec, field, ()) or ()):
+                    out.append((f"{sname}.{field}[{i}]", arg))
+            for field in ("env", "server_env", "runtime_env"):
+                for k, v in (getattr(sec, field, None) or {}).items():
+                    out.append((f"{sname}.{field}.{k}", v))
+        for k, v in self.preflight.must_exist.items():
+            out.append((f"preflight.must_exist.{k}", v))
+        for k, v in self.vars.items():
+            out.append((f"vars.{k}", v))
+        return out
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus.visible)
+
+    def required_secrets(self) -> dict[str, str]:
+        """Secret name -> the feature that needs it (for the error message)."""
+        need: dict[str, str] = {k: "secrets.required" for k in self.secrets.required}
+        if self.wandb.enabled and self.wandb.mode != "disabled":
+            need.setdefault("WANDB_API_KEY", f"wandb.mode={self.wandb.mode}")
+        for sec_name, names in (
+            ("train", self.train.secrets), ("sidecar", self.sidecar.secrets if self.sidecar.enabled else ()),
+            ("val", self.val.secrets), ("gate", self.gate.secrets + self.gate.analyze_secrets),
+            ("inject", self.inject.secrets), ("shopsim", self.shopsim.secrets),
+        ):
+            for k in names:
+                need.setdefault(k, f"{sec_name}.secrets")
+        return need
+
+
+def placeholders_in(template: str, key: str = "") -> list[str]:
+    """Names of ``{placeholders}`` in one template string (``{{`` escapes a brace)."""
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"@{key}: malformed template {template!r} ({exc}); fix: balance the braces or double them") from None
+
+
+def expand(template: tuple[str, ...] | list[str], values: dict[str, str]) -> list[str]:
+    """Expand an argv template, one element at a time (never through a shell)."""
+    return [arg.format_map(values) for arg in template]
+
+
+def deadline_seconds_or_time(value: str) -> datetime | float:
+    """An ISO time (with a zone, or UTC) -> datetime; a duration -> seconds."""
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise ValueError(
+            "expected an ISO time (2026-12-01T08:00:00Z) or a duration (10h)"
+        ) from None
+
+
+def resolve_deadline(value: str, first_start: float) -> float | None:
+    """The absolute deadline (epoch seconds) for ``campaign.deadline``."""
+    if not value:
+        return None
+    parsed = deadline_seconds_or_time(value)
+    if isinstance(parsed, datetime):
+        return parsed.timestamp()
+    return first_start + timedelta(seconds=parsed).total_seconds()
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or check its spelling",
+    "missing": "add it",
+    "int_parsing": "use a whole number",
+    "int_type": "use a whole number",
+    "float_parsing": "use a number",
+    "bool_parsing": "use true or false",
+    "bool_type": "use true or false",
+    "string_type": "use a quoted string",
+    "tuple_type": "use a list",
+    "list_type": "use a list",
+    "dict_type": "use a table",
+    "model_type": "use a table",
+    "greater_than_equal": "use a larger value",
+    "greater_than": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "literal_error": "use one of the allowed values",
+    "string_pattern_mismatch": "use letters, digits, '.', '_' and '-' only",
+    "path_type": "use a path string",
+}
+
+
+def _format_error(file: Path, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+    msg = str(err.get("msg", "invalid"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    # Model-level validators name their own key with a leading "@key: ".
+    if msg.startswith("@"):
+        key, _, msg = msg[1:].partition(": ")
+        loc = key
+    fix = ""
+    if "; fix: " in msg:
+        msg, _, fix = msg.partition("; fix: ")
+    fix = fix or _FIXES.get(err["type"], "see `shoprld init` for a commented template")
+    got = ""
+    if err["type"] not in ("missing",) and "input" in err and not isinstance(err["input"], dict):
+        got = f" (got {err['input']!r})"
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{file}: {loc or '<top>'}: {msg}{got}; fix: {fix}"
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a campaign file. Raises :class:`ConfigError` (one line)."""
+    file = Path(path).expanduser()
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such campaign file; fix: pass -c FILE, or write one with `shoprld init`") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{file}: is a directory; fix: pass the campaign's .toml file") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read ({exc.strerror}); fix: check the path and its permissions") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: not UTF-8 text; fix: save the campaign file as UTF-8 TOML") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML ({exc}); fix: correct the syntax at that line") from None
+    return config_from_dict(data, file)
+
+
+def config_from_dict(data: dict[str, Any], file: Path) -> Config:
+    """Validate an already parsed mapping; paths are made absolute against the file's dir."""
+    base = file.resolve().parent
+    data = _absolutize(data, base)
+    data["source"] = str(file.resolve())
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(file, exc)) from None
+
+
+_PATH_KEYS = {
+    "storage": ("repo", "ephemeral_root", "state_dir", "project_root"),
+    "train": ("base_load", "cwd", "conda_prefix"),
+    "export": ("hf_dir", "origin_hf_dir", "cwd", "conda_prefix"),
+    "inject": ("cold_start_skillbank", "cold_start_curriculum", "cwd", "conda_prefix"),
+    "shopsim": ("cwd", "conda_prefix"),
+    "sidecar": ("cwd", "conda_prefix"),
+    "val": ("cwd", "conda_prefix"),
+    "gate": ("cwd", "conda_prefix"),
+}
+
+
+def _absolutize(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(data)
+    for section, keys in _PATH_KEYS.items():
+        sec = out.get(section)
+        if not isinstance(sec, dict):
+            continue
+        sec = dict(sec)
+        for key in keys:
+            val = sec.get(key)
+            if isinstance(val, str) and val and "{" not in val:
+                p = Path(os.path.expandvars(val)).expanduser()
+                sec[key] = str(p if p.is_absolute() else (base / p))
+        out[section] = sec
+    return out

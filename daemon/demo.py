@@ -1,0 +1,125 @@
+"""``shoprld demo``: a whole campaign on the embedded demo stack, in a tree of its own.
+
+    D/campaign.toml   the demo recipe (run/demo/campaign.toml) with free loopback ports
+    D/repo/           a stand-in checkout: .env (obviously fake keys), the ledger, cold-start inputs
+    D/ephemeral/      the stand-in volume (checkpoints, logs, runs/, caches)
+    D/models/         the "converted base model" (Megatron layout, iteration 0) and its HF config
+    D/state/          the daemon's state dir (state.json, journal.jsonl, status.json, lock)
+
+Rerunning ``shoprld demo --dir D`` on an existing D resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .engine import demo_dir, run_campaign
+from .errors import ConfigError
+
+FAKE_ENV = (
+    "# Demo secrets: obviously fake values. The demo's trainer stand-in checks that\n"
+    "# WANDB_API_KEY reaches it through its environment (never argv), without printing it.\n"
+    "WANDB_API_KEY=demo-fake-wandb-key-0000000000000000\n"
+    "BAILIAN_API_KEY=demo-fake-bailian-key-000000000000\n"
+)
+PACED_STEP_S = "0.4"
+FAST_STEP_S = "0.01"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(argv: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"demo setup failed: {' '.join(argv[:3])}: {tail[0]}")
+
+
+def create_tree(root: Path, *, fast: bool, rounds: int | None = None) -> Path:
+    """Lay out a fresh demo tree under ``root``; returns the campaign file."""
+    demo = demo_dir()
+    text = (demo / "campaign.toml").read_text(encoding="utf-8")
+    text = text.replace("127.0.0.1:5700", f"127.0.0.1:{_free_port()}")
+    text = text.replace("127.0.0.1:30000", f"127.0.0.1:{_free_port()}")
+    text = re.sub(r'^step_seconds = ".*"$', f'step_seconds = "{FAST_STEP_S if fast else PACED_STEP_S}"', text,
+                  flags=re.M)
+    if rounds is not None:
+        text = re.sub(r"^rounds = \d+$", f"rounds = {rounds}", text, flags=re.M)
+    for sub in ("repo", "ephemeral", "models", "state"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    repo = root / "repo"
+    if not (repo / ".env").exists():
+        (repo / ".env").write_text(FAKE_ENV)
+        (repo / ".env").chmod(0o600)
+    (repo / ".gitignore").write_text(".env\nruns\n")
+    py = sys.executable
+    _run([py, str(demo / "slime_train.py"), "--init-base", str(root / "models" / "base_torch_dist")])
+    _run([py, str(demo / "shopsimrl.py"), "init-cold-start", "--out", str(repo / "artifacts" / "cold-start")])
+    origin = root / "models" / "hf-origin"
+    origin.mkdir(parents=True, exist_ok=True)
+    (origin / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                                    "hidden_size": 64, "num_hidden_layers": 2}, indent=2))
+    _git_init(repo)
+    campaign = root / "campaign.toml"
+    campaign.write_text(text)
+    return campaign
+
+
+def _git_init(repo: Path) -> None:
+    """A real checkout, so the ledger records a commit and a branch like it would on the box."""
+    try:
+        for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
+                     ["git", "-c", "user.name=shoprld demo", "-c", "user.email=demo@localhost",
+                      "commit", "-q", "-m", "demo checkout"]):
+            subprocess.run(argv, cwd=repo, capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        pass  # no git: the ledger's commit columns stay empty
+
+
+def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rounds: int | None = None) -> int:
+    root = (where or Path(tempfile.mkdtemp(prefix="shoprld-demo-"))).resolve()
+    campaign = root / "campaign.toml"
+    if campaign.exists():
+        print(f"shoprld demo: resuming the demo campaign in {root}")
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        create_tree(root, fast=fast, rounds=rounds)
+        print(f"shoprld demo: new demo campaign in {root}")
+    print(f"  campaign file  {campaign}")
+    print(f"  repo (ledger)  {root / 'repo'}")
+    print(f"  volume         {root / 'ephemeral'}")
+    print(f"  state dir      {root / 'state'}")
+    print(f"  watch it       shoprld status --watch -c {campaign}")
+    print(f"  stop it        shoprld stop -c {campaign}   (or Ctrl-C; rerun to resume)")
+    sys.stdout.flush()
+    t0 = time.monotonic()
+    code = run_campaign(campaign, debug=debug)
+    took = time.monotonic() - t0
+    _summary(root, code, took)
+    return code
+
+
+def _summary(root: Path, code: int, took: float) -> None:
+    try:
+        status = json.loads((root / "state" / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    print(f"\nshoprld demo: exit {code}, state {status.get('state')}, {took:.1f}s")
+    for r in status.get("rounds_done", []):
+        print(f"  round-{r['round']:03d}  success_rate={r.get('val')}  gate={r.get('gate')}  "
+              f"skillbank={r.get('branch')}  {r.get('duration_seconds') or 0:.1f}s")
+    ledger = root / "repo" / "reports" / "shoprld" / "demo.tsv"
+    if ledger.exists():
+        print(f"  ledger   {ledger}")
+    print(f"  logs     {next(iter(sorted((root / 'ephemeral').glob('nemo-rl/*/nemo-rl-auto-research/demo/*/logs'))), '')}")

@@ -1,0 +1,836 @@
+"""The engine: startup -> reconcile -> main loop -> shutdown, in one anyio task group.
+
+Every trigger goes through ONE queue: stage outcomes, signals, control-socket requests,
+disk-guard level changes and checkpoint commits. The main loop takes one event at a
+time, asks the transition table (machine.py) whether the move is legal, persists it
+(journal line, then state.json, then status.json), tells systemd, and spawns the next
+stage as a task. Stages never call the engine; they return an Outcome. Signal receivers
+only enqueue; the loop acts (a second SIGINT while stopping is the one exception: it
+escalates to SIGKILL at once, since the loop is busy stopping).
+
+Start-up order: lock the state dir (one daemon per campaign), load the state (rebuilt
+from the journal, then the disk, when corrupt), find children left by a crashed daemon
+(recorded pids, plus any process carrying this campaign's SHOPRLD_CHILD tag), then
+PREFLIGHT_DISK and START_SHOPSIM, then the first round without a ledger row, skipping
+each round state whose output is already on disk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import httpx
+import structlog
+
+from shoprld.states import (
+    base,
+    export_hf,
+    gate,
+    inject,
+    next_round,
+    preflight_disk,
+    start_shopsim,
+    train,
+    val,
+)
+
+from . import checkpoints as ckpt
+from . import disk as diskmod
+from .config import Config, ProcessSpec, load_config, resolve_deadline
+from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
+from .layout import Layout
+from .machine import ADVANCE, ROUND_STATES, Machine, State
+from .processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive, proc_start_ticks
+from .secrets import Secrets, load_secrets
+from .services import ShopsimService, ValServerService
+from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json
+
+MODULES: dict[State, ModuleType] = {
+    State.PREFLIGHT_DISK: preflight_disk,
+    State.START_SHOPSIM: start_shopsim,
+    State.TRAIN: train,
+    State.EXPORT_HF: export_hf,
+    State.VAL: val,
+    State.GATE: gate,
+    State.INJECT: inject,
+    State.NEXT_ROUND: next_round,
+}
+CHILD_TAG = "SHOPRLD_CHILD"
+log = structlog.get_logger("shoprld.engine")
+
+
+def demo_dir() -> Path:
+    import shoprld.recipes.demo as d
+
+    return Path(d.__file__).resolve().parent
+
+
+class _Stop:
+    """The stop flags stages can read (StopFlags protocol)."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None  # "now" | "checkpoint" | "round"
+        self.reason: str = "requested"
+
+    @property
+    def at_checkpoint(self) -> bool:
+        return self.mode == "checkpoint"
+
+
+class _TaggingLauncher:
+    """Wraps a launcher so every child carries this campaign's tag in its environment."""
+
+    def __init__(self, inner: Launcher, tag: str) -> None:
+        self._inner, self._tag = inner, tag
+
+    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any) -> Child:
+        env = {**env, CHILD_TAG: f"{self._tag}|{role}"}
+        return await self._inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv)
+
+    def adopt(self, record: ChildRecord) -> Child | None:
+        return self._inner.adopt(record)
+
+
+class Engine:
+    """One campaign's daemon. ``await Engine(...).main()`` returns the exit code."""
+
+    def __init__(self, cfg: Config, layout: Layout, secrets: Secrets, *, launcher: Launcher | None = None,
+                 clock: base.Clock | None = None, wait_for_space: bool = False,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.cfg, self.layout, self.secrets = cfg, layout, secrets
+        self.clock = clock or base.SystemClock()
+        self.launcher: Launcher = _TaggingLauncher(launcher or LocalLauncher(), str(layout.state_dir))
+        self.wait_for_space = wait_for_space
+        self._transport = transport
+        self.store = Store(layout.state_dir)
+        self.machine = Machine()
+        self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
+        self.children: dict[str, Child] = {}
+        self.adoptable: dict[str, ChildRecord] = {}
+        self.shopsim = ShopsimService()
+        self.val_server = ValServerService()
+        self.stop = _Stop()
+        self.round = 0
+        self.attempt = 1
+        self.failures: dict[str, int] = {}
+        self.seq = 0
+        self.stage_scope: anyio.CancelScope | None = None
+        self.park_pending: str | None = None
+        self.stopping = False
+        self.state_data: dict[str, Any] = {}
+        self.snap: dict[str, Any] = {}
+        self._last_status_write = 0.0
+        self.base_env = layout.child_env(cfg)
+        self.python = sys.executable
+        self.demo_dir = demo_dir()
+        self.notifier = _notifier()
+        self.http: httpx.AsyncClient
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def main(self) -> int:
+        self.store.acquire_lock()
+        try:
+            self._load()
+            async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
+                self.http = http
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._signals)
+                    tg.start_soon(self._control)
+                    tg.start_soon(self._watchdog)
+                    code = await self._drive(tg)
+                    tg.cancel_scope.cancel()
+            return code
+        finally:
+            self._write_status(force=True)
+            self.store.release_lock()
+
+    def _load(self) -> None:
+        loaded = self.store.load()
+        data = loaded.state if loaded else {}
+        if loaded and loaded.warning:
+            log.warning("state.rebuilt", warning=loaded.warning, source=loaded.source)
+            self.store.append({"event": "state.rebuilt", "warning": loaded.warning})
+        self.state_data = {
+            "campaign": self.cfg.campaign.name, "first_start": data.get("first_start") or self.clock.time(),
+            "round_durations": {str(k): v for k, v in (data.get("round_durations") or {}).items()},
+            "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
+            "previous": {"state": data.get("state"), "round": data.get("round")},
+            "deadline": data.get("deadline"),
+        }
+        if self.state_data["deadline"] is None:
+            self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
+        self.seq = self.state_data["seq"]
+        self.round = int(data.get("round") or 0)
+        for role, raw in (data.get("children") or {}).items():
+            try:
+                rec = ChildRecord.from_json(raw)
+            except (TypeError, KeyError):
+                continue
+            if pid_alive(rec.pid, rec.start_ticks):
+                self.adoptable[role] = rec
+        for role, rec in self._tagged_strays().items():
+            self.adoptable.setdefault(role, rec)
+        if self.adoptable:
+            log.info("children.found", roles={r: c.pid for r, c in self.adoptable.items()})
+        self.snap = {
+            "campaign": self.cfg.campaign.name, "experiment": self.cfg.campaign.experiment,
+            "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
+            "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
+            "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
+            "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
+        }
+
+    def _tagged_strays(self) -> dict[str, ChildRecord]:
+        """Session leaders carrying this campaign's tag: children whose record a crash lost."""
+        want = f"{CHILD_TAG}={self.layout.state_dir}|".encode()
+        found: dict[str, ChildRecord] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                if os.getsid(pid) != pid:
+                    continue
+                env = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            for item in env.split(b"\0"):
+                if item.startswith(want):
+                    role = item[len(want):].decode(errors="replace")
+                    found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [])
+        return found
+
+    # -- the main loop -------------------------------------------------------------------
+    async def _drive(self, tg: anyio.abc.TaskGroup) -> int:
+        self.tg = tg
+        prev = self.state_data["previous"]["state"]
+        self._transition(None, State.PREFLIGHT_DISK, "resume" if prev else "start")
+        self._spawn(State.PREFLIGHT_DISK)
+        async for event in self.recv:
+            code = await self._handle(event)
+            if code is not None:
+                return code
+        return EXIT_OK  # pragma: no cover - the queue never closes while we run
+
+    async def _handle(self, event: tuple[Any, ...]) -> int | None:
+        kind = event[0]
+        if kind == "outcome":
+            _, state, attempt, outcome = event
+            if state is not self.machine.state or self.stopping:
+                return None  # a stage that finished after we moved on (cancelled)
+            return await self._on_outcome(state, attempt, outcome)
+        if kind == "signal":
+            return await self._on_signal(event[1])
+        if kind == "stop":
+            return await self._on_stop(event[1])
+        if kind == "disk":
+            return await self._on_disk(event[1])
+        if kind == "checkpoint":
+            return await self._on_checkpoint(event[1])
+        if kind == "spawn":  # a delayed retry
+            self._spawn(event[1])
+            return None
+        return None
+
+    async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
+        if isinstance(outcome, ShoprldError):
+            self.snap["last_error"] = str(outcome)
+            self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
+            log.error("stage.error", state=state.value, error=str(outcome))
+            return outcome.exit_code
+        self._journal("stage.outcome", state=state.value, attempt=attempt, kind=outcome.kind,
+                      message=self.secrets.redact(outcome.message))
+        log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
+        if outcome.kind == "done":
+            self.failures.pop(state.value, None)
+            if state is State.NEXT_ROUND:
+                self._round_finished()
+            if self.park_pending:
+                return await self._park(self.park_pending)
+            if self.stop.mode == "checkpoint" and state is not State.TRAIN or \
+                    self.stop.mode == "round" and state is State.NEXT_ROUND:
+                return await self._stop_now(EXIT_OK, "requested")
+            return await self._advance(state)
+        if outcome.kind == "retry":
+            n = 0 if outcome.data.get("progressed") else self.failures.get(state.value, 0) + 1
+            self.failures[state.value] = n
+            spec = self._spec(state)
+            self.snap["last_error"] = outcome.message
+            if outcome.data.get("stall"):
+                self.snap["warnings"] = [f"stall: {outcome.message}"]
+            if n > spec.retries:
+                return await self._fail(f"{state.value} failed after {spec.retries + 1} attempts: {outcome.message}",
+                                        EXIT_STAGE, "failed")
+            delay = 0.0 if n == 0 else min(300.0, spec.backoff * 2 ** (n - 1))
+            self.attempt += 1
+            self._transition(state, state, "retry", message=outcome.message, delay=delay)
+            self._spawn(state, delay=delay)
+            return None
+        if outcome.kind == "disk":
+            return await self._park(f"ENOSPC during {state.value}: {outcome.message}")
+        if outcome.kind == "gate_stop":
+            return await self._fail(outcome.message, EXIT_GATE, "gate")
+        return await self._fail(outcome.message, EXIT_STAGE, "failed")
+
+    async def _advance(self, state: State) -> int | None:
+        """Leave ``state`` (done or skipped) and enter the next one, skipping what is on disk."""
+        while True:
+            if state is State.START_SHOPSIM or state is State.NEXT_ROUND:
+                if state is State.NEXT_ROUND:
+                    self.round += 1
+                else:
+                    self._reconcile()
+                if self.round >= self.cfg.campaign.rounds:
+                    self.round = self.cfg.campaign.rounds - 1  # the last round's index, for status
+                    self._transition(state, State.DONE, "finish")
+                    return await self._finish(EXIT_OK, "done")
+                why = self._deadline_says_stop()
+                if why:
+                    self._transition(state, State.DONE, "deadline", message=why)
+                    return await self._finish(EXIT_OK, "deadline")
+                nxt = State.TRAIN
+                self._transition(state, nxt, "next_round" if state is State.NEXT_ROUND else ADVANCE[state])
+                self._mark_round_started()
+            else:
+                nxt = self._next_of(state)
+                self._transition(state, nxt, ADVANCE[state])
+            state = nxt
+            ctx = self._ctx()
+            if MODULES[state].completed(ctx):
+                self._journal("stage.skipped", state=state.value, reason="output already on disk")
+                log.info("stage.skipped", state=state.value, round=self.round)
+                if state is State.NEXT_ROUND:
+                    self._round_finished()
+                continue
+            self._spawn(state)
+            return None
+
+    @staticmethod
+    def _next_of(state: State) -> State:
+        order = list(ROUND_STATES)
+        if state is State.PREFLIGHT_DISK:
+            return State.START_SHOPSIM
+        return order[order.index(state) + 1]
+
+    def _reconcile(self) -> None:
+        """The current round: the first one without a ledger row (the disk is the truth)."""
+        r = 0
+        while r < self.cfg.campaign.rounds and next_round.completed(self._ctx(r)):
+            r += 1
+        if r != self.round:
+            log.warning("reconcile.round", persisted=self.round, disk=r)
+        self.round = r
+        self._journal("reconcile", round=r)
+
+    # -- stages ---------------------------------------------------------------------------
+    def _spawn(self, state: State, delay: float = 0.0) -> None:
+        if delay:
+            self.tg.start_soon(self._later, state, delay)
+            return
+        self.tg.start_soon(self._stage_task, state, self.attempt)
+
+    async def _later(self, state: State, delay: float) -> None:
+        await anyio.sleep(delay)
+        await self.send.send(("spawn", state))
+
+    async def _stage_task(self, state: State, attempt: int) -> None:
+        ctx = self._ctx(attempt=attempt)
+        spec = self._spec(state)
+        structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
+        with anyio.CancelScope() as scope:
+            self.stage_scope = scope
+            outcome: base.Outcome | ShoprldError
+            try:
+                await self._stop_strays(state)
+                with anyio.fail_after(spec.timeout or math.inf):
+                    outcome = await MODULES[state].run(ctx)
+            except ShoprldError as exc:
+                outcome = exc
+            except TimeoutError:
+                outcome = base.Outcome.retry(f"{state.value} timed out after {spec.timeout:.0f}s")
+            except OSError as exc:
+                outcome = base.Outcome("disk", str(exc)) if diskmod.is_enospc(exc) else \
+                    base.Outcome.retry(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a stage bug must not kill the campaign: retry, logged
+                log.exception("stage.crashed", state=state.value)
+                outcome = base.Outcome.retry(f"{type(exc).__name__}: {exc}")
+            await self.send.send(("outcome", state, attempt, outcome))
+
+    async def _stop_strays(self, state: State) -> None:
+        """Children a crashed daemon left that this state will not adopt are stopped now."""
+        for role in list(self.adoptable):
+            if role == "shopsim" or role in MODULES[state].ADOPTS:
+                continue
+            rec = self.adoptable.pop(role)
+            child = self.launcher.adopt(rec)
+            if child is not None:
+                log.info("child.stray_stopped", role=role, pid=rec.pid)
+                await child.stop(10.0)
+
+    def _spec(self, state: State) -> ProcessSpec:
+        c = self.cfg
+        return {
+            State.START_SHOPSIM: c.shopsim, State.TRAIN: c.train, State.EXPORT_HF: c.export,
+            State.VAL: c.val, State.GATE: c.gate, State.INJECT: c.inject,
+        }.get(state, ProcessSpec(retries=2))
+
+    def _ctx(self, round_index: int | None = None, attempt: int | None = None) -> base.RoundContext:
+        return base.RoundContext(
+            cfg=self.cfg, layout=self.layout, secrets=self.secrets,
+            round=self.round if round_index is None else round_index,
+            launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
+            val_server=self.val_server, emit=self._emit, register_child=self._register,
+            unregister_child=self._unregister, find_child=self._find_child, stop=self.stop,
+            base_env=self.base_env, python=self.python, demo_dir=self.demo_dir,
+            attempt=self.attempt if attempt is None else attempt,
+        )
+
+    # -- children ---------------------------------------------------------------------------
+    def _register(self, child: Child) -> None:
+        self.children[child.record.role] = child
+        self._persist()
+
+    def _unregister(self, child: Child) -> None:
+        if self.children.get(child.record.role) is child:
+            del self.children[child.record.role]
+            self._persist()
+
+    def _find_child(self, role: str) -> Child | None:
+        child = self.children.get(role)
+        if child is not None and child.alive():
+            return child
+        rec = self.adoptable.pop(role, None)
+        if rec is not None:
+            adopted = self.launcher.adopt(rec)
+            if adopted is not None:
+                log.info("child.adopted", role=role, pid=rec.pid)
+                self._journal("child.adopted", role=role, pid=rec.pid)
+                self._register(adopted)
+                return adopted
+        return None
+
+    async def _stop_children(self, *, force: bool = False) -> None:
+        """Stop every child (trainer first: it holds the GPUs and writes the volume)."""
+        order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
+        for child in order:
+            if child.record.role == "shopsim" and self.shopsim.external:
+                continue
+            if force:
+                child.signal_group(signal.SIGKILL)
+            await child.stop(0.0 if force else self._grace(child.record.role))
+        self.children.clear()
+        for role, rec in list(self.adoptable.items()):
+            adopted = self.launcher.adopt(rec)
+            if adopted is not None:
+                await adopted.stop(0.0 if force else 10.0)
+        self.adoptable.clear()
+
+    def _grace(self, role: str) -> float:
+        c = self.cfg
+        return {"trainer": c.train.grace, "shopsim": c.shopsim.grace, "val_server": c.val.server_grace,
+                "sidecar": c.sidecar.grace}.get(role, 10.0)
+
+    # -- stopping, parking, failing -----------------------------------------------------------
+    async def _cancel_stage(self) -> None:
+        self.stopping = True
+        if self.stage_scope is not None:
+            self.stage_scope.cancel()
+
+    async def _stop_now(self, code: int, reason: str) -> int:
+        self.notifier.stopping()
+        await self._cancel_stage()
+        await self._stop_children()
+        resume = {"round": self.round, "state": self.machine.state.value}
+        self._transition(self.machine.state, State.STOPPED, "stop", message=reason, resume_from=resume)
+        self.snap["stop_reason"] = reason
+        self._write_status(force=True)
+        log.info("daemon.stopped", reason=reason, resume_from=resume)
+        return code
+
+    async def _fail(self, message: str, code: int, reason: str) -> int:
+        self.snap["last_error"] = message
+        self.snap["stop_reason"] = reason
+        await self._cancel_stage()
+        await self._stop_children()
+        self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
+        log.error("campaign.failed", message=message, exit_code=code)
+        return code
+
+    async def _finish(self, code: int, reason: str) -> int:
+        self.snap["stop_reason"] = reason
+        await self._stop_children()
+        self._persist()
+        log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)
+        return code
+
+    async def _park(self, reason: str) -> int | None:
+        """PAUSED_DISK: reclaim first; if still short, release the ballast, stop, persist, exit 4."""
+        self.park_pending = None
+        await self._cancel_stage()
+        diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
+        await self._stop_children()
+        freed = self._reclaim(trainer_running=False)
+        sample = diskmod.sample(self.layout.ephemeral_root)
+        numbers = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
+                   **self._limits_dict()}
+        self.snap["stop_reason"] = "disk"
+        self.snap["last_error"] = reason
+        self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
+        log.warning("disk.parked", reason=reason, **numbers)
+        if not self.wait_for_space:
+            return EXIT_DISK
+        await self._wait_for_space()
+        self.stopping = False
+        self._transition(State.PAUSED_DISK, State.PREFLIGHT_DISK, "resume", message="space is back")
+        self._spawn(State.PREFLIGHT_DISK)
+        return None
+
+    async def _wait_for_space(self) -> None:
+        limits = self._limits()
+        settled_since: float | None = None
+        while True:
+            s = diskmod.sample(self.layout.ephemeral_root)
+            if s.avail_bytes > limits.soft_bytes:
+                settled_since = settled_since or self.clock.monotonic()
+                if self.clock.monotonic() - settled_since >= self.cfg.disk.settle:
+                    return
+            else:
+                settled_since = None
+            await anyio.sleep(min(self.cfg.disk.interval, 1.0))
+
+    def _reclaim(self, *, trainer_running: bool) -> int:
+        """Delete what this campaign may: checkpoints outside retention, partials (only when no
+        trainer runs), and the campaign's own tmp. Never the shared cache or other campaigns."""
+        scan = ckpt.scan(self.layout.save_dir)
+        m = ckpt.IterationMapping(self.cfg.campaign.steps_per_round, self.cfg.train.end_offset)
+        keep = {m.end_iteration(self.round - 1)} if self.round > 0 else set()
+        export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json")
+        if export and isinstance(export.get("iteration"), int):
+            keep.add(export["iteration"])
+        current = [c.iteration for c in scan.checkpoints if c.complete and m.round_of(c.iteration) == self.round]
+        if current:
+            keep.add(max(current))
+        doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=trainer_running)
+        freed = ckpt.delete_checkpoints(doomed, save_dir=self.layout.save_dir) if doomed else 0
+        if self.layout.tmp.exists():
+            freed += diskmod.clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
+        if freed:
+            log.info("disk.reclaimed", bytes=freed, deleted=[c.iteration for c in doomed])
+        return freed
+
+    # -- event sources ------------------------------------------------------------------------------
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGINT and self.stopping:
+                    log.warning("daemon.force_stop")
+                    for child in list(self.children.values()):
+                        child.signal_group(signal.SIGKILL)
+                    continue
+                await self.send.send(("signal", signum))
+
+    async def _on_signal(self, signum: int) -> int | None:
+        if signum == signal.SIGHUP:
+            log.info("config.reload", note="non-structural settings are read at each stage start")
+            return None
+        log.info("daemon.signal", signal=signal.Signals(signum).name)
+        return await self._stop_now(EXIT_OK, "requested")
+
+    async def _on_stop(self, mode: str) -> int | None:
+        self._journal("stop.requested", mode=mode)
+        if mode == "now":
+            return await self._stop_now(EXIT_OK, "requested")
+        self.stop.mode = mode
+        if mode == "checkpoint" and self.machine.state is State.TRAIN:
+            self.notifier.extend_timeout(self.cfg.train.stall_min)
+        return None
+
+    async def _on_checkpoint(self, ev: dict[str, Any]) -> int | None:
+        if ev.get("event") != "checkpoint.committed":
+            return None
+        self.snap["last_checkpoint"] = {"iteration": ev["iteration"], "path": ev["path"], "complete": True,
+                                        "bytes": ev.get("bytes", 0), "committed_at": time.time()}
+        self._journal("checkpoint.committed", iteration=ev["iteration"], bytes=ev.get("bytes"),
+                      latency_ms=ev.get("latency_ms"))
+        self._write_status(force=True)
+        if self.machine.state is State.TRAIN:
+            if self.park_pending:
+                return await self._park(self.park_pending)
+            if self.stop.mode == "checkpoint":
+                return await self._stop_now(EXIT_OK, "requested")
+        return None
+
+    async def _watch_checkpoints(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        watcher = ckpt.CheckpointWatcher(self.layout.save_dir, mode=self.cfg.train.watch,
+                                         poll_interval=self.cfg.train.poll_interval,
+                                         rescan_interval=self.cfg.train.rescan_interval)
+
+        async def emit(ev: dict[str, Any]) -> None:
+            log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
+            await self.send.send(("checkpoint", ev))
+
+        await watcher.run(emit, task_status=task_status)
+
+    def _limits(self) -> diskmod.Limits:
+        last = self.snap.get("last_checkpoint") or {}
+        size = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
+        total = diskmod.sample(self.layout.ephemeral_root).total_bytes
+        return diskmod.limits(total, size, soft_override=self.cfg.disk.soft_limit,
+                              hard_override=self.cfg.disk.hard_limit)
+
+    def _limits_dict(self) -> dict[str, int]:
+        lim = self._limits()
+        return {"soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes}
+
+    async def _disk_monitor(self) -> None:
+        guard = diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
+
+        async def emit(ev: dict[str, Any]) -> None:
+            if ev["event"] == "disk.sample":
+                lim = guard.limits if hasattr(guard, "limits") else self._limits()
+                self.snap["disk"] = {"path": str(self.layout.ephemeral_root), "total_bytes": ev.get("total_bytes"),
+                                     "free_bytes": ev.get("free_bytes"), "inodes_free": ev.get("inodes_free"),
+                                     "soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes,
+                                     "level": guard.level.name.lower(), "sampled_at": time.time()}
+                return
+            await self.send.send(("disk", ev))
+
+        await diskmod.monitor(self.layout.ephemeral_root, guard, emit, interval=self.cfg.disk.interval)
+
+    async def _on_disk(self, ev: dict[str, Any]) -> int | None:
+        name = ev["event"]
+        log.warning(name, **{k: v for k, v in ev.items() if k != "event"})
+        self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
+        if self.machine.state not in MODULES or self.stopping:
+            return None
+        if name == "disk.ok":
+            self.park_pending = None
+            return None
+        limits = self._limits()
+        self._reclaim(trainer_running=self.machine.state is State.TRAIN)
+        free = diskmod.sample(self.layout.ephemeral_root).avail_bytes
+        if name == "disk.hard_limit":
+            if free > limits.hard_bytes + self.cfg.disk.hysteresis:
+                log.info("disk.recovered_by_reclaim", free_bytes=free)
+                return None
+            return await self._park(f"free {_gib(free)} < hard limit {_gib(limits.hard_bytes)} on "
+                                    f"{self.layout.ephemeral_root}")
+        if free > limits.soft_bytes + self.cfg.disk.hysteresis:
+            return None
+        reason = f"free {_gib(free)} < soft limit {_gib(limits.soft_bytes)} on {self.layout.ephemeral_root}"
+        last = self.snap.get("last_checkpoint") or {}
+        next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
+        if self.machine.state is State.TRAIN and free - limits.hard_bytes < next_save:
+            return await self._park(reason + "; the next save cannot fit")
+        # Let the in-flight save (TRAIN) or the current stage finish, then park.
+        self.park_pending = reason
+        if self.machine.state is State.TRAIN:
+            self.notifier.extend_timeout(self.cfg.train.stall_min)
+        return None
+
+    async def _control(self) -> None:
+        from .control import ControlServer
+
+        async def handler(request: dict[str, Any]) -> dict[str, Any]:
+            cmd = request.get("cmd")
+            if cmd == "status":
+                return {"ok": True, "status": self._status_doc()}
+            if cmd == "stop":
+                mode = request.get("mode", "now")
+                if mode not in ("now", "checkpoint", "round"):
+                    return {"ok": False, "error": f"unknown stop mode {mode!r}"}
+                await self.send.send(("stop", mode))
+                return {"ok": True, "mode": mode}
+            return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+        try:
+            await ControlServer(self.layout.state_dir / SOCKET_FILE, handler).serve()
+        except Exception as exc:  # e.g. a state dir path too long for AF_UNIX: status still works from files
+            log.warning("control.unavailable", error=f"{type(exc).__name__}: {exc}")
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval()
+        if not interval:
+            return
+        while True:
+            self.notifier.watchdog()
+            await anyio.sleep(interval)
+
+    # -- persistence and status ----------------------------------------------------------------------
+    def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
+        if src is not None and trigger not in ("start",):
+            self.machine.fire(trigger)
+        else:
+            self.machine.set_state(dst)
+        assert self.machine.state is dst, (self.machine.state, dst)
+        self.snap["state"] = dst.value
+        self.snap["round"] = self.round
+        if dst is State.TRAIN:
+            self.snap["step"] = self._step_from_disk()
+        self._journal("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, **fields)
+        log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
+        structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
+        self._persist()
+        self.notifier.status(_status_line(self.snap))
+        if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
+            self._after_preflight()
+        if dst is State.TRAIN and src is State.START_SHOPSIM or dst is State.DONE and src is State.START_SHOPSIM:
+            self.notifier.ready()
+
+    def _after_preflight(self) -> None:
+        """The volume exists now: the log file, the watcher and the disk guard can start."""
+        from .logs import add_file_handler
+
+        add_file_handler(self.layout.logs / "shoprld.log")
+        if not getattr(self, "_sources_started", False):
+            self._sources_started = True
+            self.tg.start_soon(self._watch_checkpoints)
+            self.tg.start_soon(self._disk_monitor)
+            self.tg.start_soon(self.shopsim.supervise, self._ctx)
+
+    def _journal(self, event: str, **fields: Any) -> None:
+        self.seq += 1
+        rec = {"event": event, "seq": self.seq, "round": self.round, **fields}
+        if event == "transition":
+            rec["snapshot"] = self._state_doc()
+        self.store.append(rec)
+
+    def _state_doc(self) -> dict[str, Any]:
+        return {
+            **self.state_data, "state": self.machine.state.value, "round": self.round, "seq": self.seq,
+            "children": {r: c.record.to_json() for r, c in self.children.items()},
+            "rounds_done": self.snap.get("rounds_done", []), "stop_reason": self.snap.get("stop_reason"),
+            "last_error": self.snap.get("last_error"),
+        }
+
+    def _persist(self) -> None:
+        self.store.save(self._state_doc())
+        self._write_status(force=True)
+
+    def _status_doc(self) -> dict[str, Any]:
+        shop = {"url": self.cfg.shopsim.url, "healthy": self.shopsim.healthy, "free_slots": self.shopsim.free_slots,
+                "slots": self.cfg.shopsim.slots, "checked_at": self.shopsim.checked_at}
+        children = [{"role": c.record.role, "pid": c.pid, "started_at": c.record.started_at, "log": c.record.log}
+                    for c in self.children.values()]
+        deadline = self.state_data.get("deadline")
+        return {**self.snap, "shopsim": shop, "children": children, "deadline": deadline,
+                "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
+                                    "rounds": self.cfg.campaign.rounds, "deadline": deadline},
+                "updated_at": time.time()}
+
+    def _write_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status_write < 0.5:
+            return
+        self._last_status_write = now
+        doc = self._status_doc()
+        try:
+            atomic_write_json(self.layout.state_dir / STATUS_FILE, doc)
+        except OSError as exc:
+            log.warning("status.write_failed", error=str(exc))
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        log.info(event, **fields)
+        if event == "train.progress":
+            self.snap["step"] = fields.get("step", self.snap.get("step", 0))
+            if fields.get("step_seconds"):
+                self.snap["step_seconds"] = fields["step_seconds"]
+                left = self.cfg.campaign.steps_per_round - self.snap["step"]
+                self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
+            self._write_status()
+            self.notifier.status(_status_line(self.snap))
+        elif event == "train.stall":
+            self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
+            self._journal("train.stall", **fields)
+            self._write_status(force=True)
+        elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "val.archived", "child.adopted"):
+            self._journal(event, **fields)
+        elif event == "stage.spawn":
+            self._journal(event, role=fields.get("role"), pid=fields.get("pid"))
+
+    def _step_from_disk(self) -> int:
+        scan = ckpt.scan(self.layout.save_dir)
+        m = ckpt.IterationMapping(self.cfg.campaign.steps_per_round, self.cfg.train.end_offset)
+        start = m.end_iteration(self.round - 1) if self.round > 0 else 0
+        latest = scan.latest_complete.iteration if scan.latest_complete else start
+        return max(0, min(self.cfg.campaign.steps_per_round, latest - start))
+
+    # -- rounds and the deadline -------------------------------------------------------------------------
+    def _mark_round_started(self) -> None:
+        path = self.layout.artifacts / "round" / f"{base.round_id(self.round)}.json"
+        if base.read_json(path) is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"round": self.round, "started_at": self.clock.time()})
+
+    def _round_finished(self) -> None:
+        ctx = self._ctx()
+        started = ctx.read_record("round") or {}
+        summary = base.read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
+        primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
+        gate_rec = ctx.read_record("gate") or {}
+        inject_rec = ctx.read_record("inject") or {}
+        duration = self.clock.time() - float(started["started_at"]) if started.get("started_at") else None
+        done = [r for r in self.snap.get("rounds_done", []) if r.get("round") != self.round]
+        done.append({"round": self.round, "val": primary.get("success_rate") if primary else None,
+                     "metric_name": "success_rate", "gate": gate_rec.get("decision"),
+                     "branch": inject_rec.get("branch"), "duration_seconds": duration})
+        self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
+        if duration is not None:
+            self.state_data["round_durations"][str(self.round)] = duration
+        self._persist()
+
+    def _deadline_says_stop(self) -> str | None:
+        deadline = self.state_data.get("deadline")
+        if not deadline:
+            return None
+        durations = list(self.state_data["round_durations"].values())
+        need = statistics.median(durations) if durations else 0.0
+        now = self.clock.time()
+        if now + need > deadline:
+            return (f"deadline: {base.round_id(self.round)} needs ~{need:.0f}s but only "
+                    f"{max(0.0, deadline - now):.0f}s are left")
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def _status_line(snap: dict[str, Any]) -> str:
+    try:
+        from .notify import status_line
+
+        return status_line(snap)
+    except ImportError:  # pragma: no cover
+        return f"{snap.get('state')} round {snap.get('round')}"
+
+
+def _notifier() -> Any:
+    from .notify import Notifier
+
+    return Notifier()
+
+
+def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
+                 launcher: Launcher | None = None) -> int:
+    """``shoprld run``: load, check secrets, configure logging, run the engine."""
+    from .logs import configure, set_secrets
+
+    cfg = load_config(config)
+    layout = Layout.from_config(cfg)
+    secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    set_secrets(secrets)
+    configure(level="DEBUG" if debug else "INFO")
+    secrets.require(cfg.required_secrets())
+    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space)
+    return anyio.run(engine.main)
+

@@ -1,0 +1,52 @@
+"""Stdlib-only path helpers for the fast paths (``status``, ``stop``).
+
+``shoprld status --json`` has a 100 ms budget, so it must not import pydantic, structlog,
+httpx or anyio. It reads the campaign file with tomllib and finds the state dir here; the
+full, validated :class:`~shoprld.daemon.layout.Layout` uses the same function.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/shoprld/<campaign>."""
+    if environ.get("STATE_DIRECTORY"):
+        # systemd may pass several colon-separated dirs; the first is ours.
+        return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    xdg = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME", "/root")) / ".local" / "state")
+    return Path(xdg) / "shoprld" / campaign
+
+
+class QuickConfigError(Exception):
+    """The campaign file cannot even be read for its name (one line)."""
+
+
+def quick_read(config: Path) -> dict[str, Any]:
+    """Parse the TOML without validating it (the daemon validated it when it started)."""
+    try:
+        return tomllib.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise QuickConfigError(f"{config}: no such campaign file; fix: pass -c FILE") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise QuickConfigError(f"{config}: not valid TOML ({exc}); fix: `shoprld check -c {config}`") from None
+    except OSError as exc:
+        raise QuickConfigError(f"{config}: cannot read ({exc.strerror})") from None
+
+
+def state_dir_from_toml(config: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """The campaign's state dir, exactly as Layout.from_config derives it."""
+    data = quick_read(config)
+    campaign = data.get("campaign", {}).get("name")
+    if not isinstance(campaign, str) or not campaign:
+        raise QuickConfigError(f"{config}: campaign.name: missing; fix: add it")
+    raw = data.get("storage", {}).get("state_dir")
+    if isinstance(raw, str) and raw:
+        p = Path(os.path.expandvars(raw)).expanduser()
+        return p if p.is_absolute() else config.resolve().parent / p
+    return default_state_dir(campaign, environ)

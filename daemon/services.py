@@ -1,0 +1,234 @@
+"""The two long-lived services a campaign talks to: ShopSim and the val server.
+
+ShopSim is started once, adopted when it already answers ``ready`` (never started twice),
+and supervised for the whole campaign: when it dies it is restarted with backoff, and the
+event is logged. Its leases never expire, so after a client crash slots stay taken and the
+next ``reset`` would block forever; :meth:`ShopsimService.recover_leaks` notices
+(``free_slots`` short while none of the campaign's clients runs) and restarts it, the one
+sure recovery (``release_all`` can leave ghost waiters' slots taken).
+
+The val server (SGLang) is ready when ``/health`` is 200 AND its process is alive, and it
+must serve this round's ``weight_version``. It is stopped by process group, then its
+port must be free before anything else starts. With ``val.reuse_server`` it stays up across
+rounds: ``/release_memory_occupation`` during TRAIN, ``/update_weights_from_disk`` at VAL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from .processes import Child, wait_port_free
+
+if TYPE_CHECKING:
+    from shoprld.states.base import RoundContext
+
+
+async def get_json(http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> tuple[int, Any]:
+    """(status, parsed JSON or None); (0, None) when nothing answers."""
+    try:
+        r = await http.get(url, timeout=timeout)
+    except (httpx.HTTPError, OSError):
+        return 0, None
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, None
+
+
+def _host_port(url: str, default: int) -> tuple[str, int]:
+    parts = httpx.URL(url)
+    return parts.host or "127.0.0.1", parts.port or default
+
+
+# The campaign's ShopSim clients: while one runs, leased slots are legitimate.
+CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
+
+
+class ShopsimService:
+    """Start or adopt ShopSim, wait for ready, supervise, recover leaked leases."""
+
+    def __init__(self) -> None:
+        self.child: Child | None = None
+        self.healthy: bool | None = None
+        self.free_slots: int | None = None
+        self.checked_at: float | None = None
+        self.restarts = 0
+        self.external = False  # healthy before we started anything: not ours to stop
+
+    async def health(self, ctx: RoundContext) -> dict[str, Any] | None:
+        cfg = ctx.cfg.shopsim
+        status, body = await get_json(ctx.http, cfg.url.rstrip("/") + cfg.health_path)
+        result = body.get("result", body) if isinstance(body, dict) else None
+        ok = status == 200 and isinstance(result, dict) and bool(result.get("ready"))
+        self.healthy, self.checked_at = ok, ctx.clock.time()
+        self.free_slots = result.get("free_slots") if isinstance(result, dict) else None
+        return result if ok else None
+
+    async def ensure_ready(self, ctx: RoundContext) -> str | None:
+        """None once ready; else a one-line problem (the stage retries)."""
+        cfg = ctx.cfg.shopsim
+        if self.child is None:
+            self.child = ctx.find_child("shopsim")
+            if self.child is not None:
+                ctx.emit("shopsim.adopted", pid=self.child.pid)
+        if self.child is None and await self.health(ctx) is not None:
+            self.external = True
+            ctx.emit("shopsim.adopted", pid=None, url=cfg.url, note="already healthy; not started twice")
+            return None
+        if self.child is None:
+            if not cfg.manage or not cfg.command:
+                return f"shopsim at {cfg.url} is not ready and shopsim.command is not set; start it or configure it"
+            host, port = _host_port(cfg.url, 5700)
+            if not await wait_port_free(host, port, timeout=30):
+                return f"{host}:{port} is held by something that is not a ready ShopSim; free the port"
+            self.child = await ctx.start("shopsim", cfg.command, cfg, state="SHOPSIM")
+        deadline = ctx.clock.monotonic() + cfg.start_timeout
+        while ctx.clock.monotonic() < deadline:
+            if await self.health(ctx) is not None:
+                ctx.emit("shopsim.ready", pid=self.child.pid, free_slots=self.free_slots)
+                return None
+            if not self.child.alive():
+                ctx.unregister_child(self.child)
+                self.child = None
+                return f"shopsim exited during start-up; see {ctx.layout.stage_log(ctx.round, 'SHOPSIM')}"
+            await anyio.sleep(0.1)
+        await self.stop(ctx)
+        return f"shopsim not ready within {cfg.start_timeout:.0f}s (shopsim.start_timeout)"
+
+    async def stop(self, ctx: RoundContext) -> None:
+        if self.child is not None:
+            await self.child.stop(ctx.cfg.shopsim.grace)
+            ctx.unregister_child(self.child)
+            self.child = None
+        self.healthy = None
+
+    async def restart(self, ctx: RoundContext, why: str) -> str | None:
+        self.restarts += 1
+        ctx.emit("shopsim.restart", reason=why, restarts=self.restarts)
+        if self.external:
+            return f"shopsim at {ctx.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
+        await self.stop(ctx)
+        await anyio.sleep(min(30.0, ctx.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
+        return await self.ensure_ready(ctx)
+
+    async def recover_leaks(self, ctx: RoundContext, *, reason: str) -> str | None:
+        """Slots still leased while no client of ours runs are leaks: restart ShopSim."""
+        if any(ctx.find_child(r) is not None for r in CLIENT_ROLES):
+            return None
+        health = await self.health(ctx)
+        if health is None:
+            return await self.restart(ctx, f"not healthy {reason}")
+        free, slots = health.get("free_slots"), health.get("environment_slots", ctx.cfg.shopsim.slots)
+        if not isinstance(free, int) or not isinstance(slots, int) or free >= slots:
+            return None
+        ctx.emit("shopsim.lease_leak", free_slots=free, slots=slots, reason=reason)
+        return await self.restart(ctx, f"{slots - free} leaked leases {reason}")
+
+    async def supervise(self, ctx_factory: Any, interval: float = 1.0) -> None:
+        """Restart ShopSim with backoff whenever the child we started dies."""
+        while True:
+            await anyio.sleep(interval)
+            child = self.child
+            if child is not None and not child.alive():
+                ctx = ctx_factory()
+                ctx.emit("shopsim.died", pid=child.pid, returncode=child.returncode)
+                ctx.unregister_child(child)
+                self.child = None
+                problem = await self.restart(ctx, "died")
+                if problem:
+                    ctx.emit("shopsim.restart_failed", problem=problem)
+
+
+class ValServerService:
+    """The SGLang val server for VAL and GATE: ready = /health 200 AND a live process."""
+
+    def __init__(self) -> None:
+        self.child: Child | None = None
+        self.serving: str | None = None  # the weight_version it reported
+        self.parked = False
+
+    def _url(self, ctx: RoundContext, path: str) -> str:
+        return ctx.cfg.val.url.rstrip("/") + path
+
+    async def ensure_ready(self, ctx: RoundContext) -> str | None:
+        cfg = ctx.cfg.val
+        if self.child is None:
+            self.child = ctx.find_child("val_server")
+        if self.child is not None and self.child.alive():
+            if await self._serving(ctx) == ctx.weight_version:
+                return None
+            if cfg.reuse_server:
+                return await self._swap_weights(ctx)
+            await self.stop(ctx)
+        host, port = _host_port(cfg.url, 30000)
+        if not await wait_port_free(host, port, timeout=60):
+            return f"{host}:{port} is still in use; the val server cannot start there"
+        self.child = await ctx.start("val_server", cfg.server_command, cfg, state="VALSERVER",
+                                     extra_env=dict(cfg.server_env))
+        deadline = ctx.clock.monotonic() + cfg.ready_timeout
+        while ctx.clock.monotonic() < deadline:
+            if not self.child.alive():
+                ctx.unregister_child(self.child)
+                self.child = None
+                return f"val server exited during start-up; see {ctx.layout.stage_log(ctx.round, 'VALSERVER')}"
+            status, _ = await get_json(ctx.http, self._url(ctx, cfg.health_path))
+            if status == 200 and self.child.alive():
+                version = await self._serving(ctx)
+                if version != ctx.weight_version:
+                    await self.stop(ctx)
+                    return f"val server serves weight_version {version!r}, expected {ctx.weight_version!r}"
+                ctx.emit("val_server.ready", pid=self.child.pid, weight_version=version)
+                return None
+            await anyio.sleep(0.1)
+        await self.stop(ctx)
+        return f"val server not healthy within {cfg.ready_timeout:.0f}s (val.ready_timeout)"
+
+    async def _serving(self, ctx: RoundContext) -> str | None:
+        _, info = await get_json(ctx.http, self._url(ctx, "/get_model_info"))
+        self.serving = info.get("weight_version") if isinstance(info, dict) else None
+        return self.serving
+
+    async def _swap_weights(self, ctx: RoundContext) -> str | None:
+        """reuse_server: resume memory, hot-swap to this round's HF dir, check the version."""
+        try:
+            if self.parked:
+                await ctx.http.post(self._url(ctx, "/resume_memory_occupation"), json={}, timeout=60)
+                self.parked = False
+            r = await ctx.http.post(self._url(ctx, "/update_weights_from_disk"),
+                                    json={"model_path": str(ctx.hf_dir), "weight_version": ctx.weight_version},
+                                    timeout=ctx.cfg.val.ready_timeout)
+            body = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            await self.stop(ctx)
+            return f"update_weights_from_disk failed ({exc}); relaunching"
+        if not (isinstance(body, dict) and body.get("success")) or await self._serving(ctx) != ctx.weight_version:
+            await self.stop(ctx)
+            return f"update_weights_from_disk refused: {body}; relaunching"
+        ctx.emit("val_server.weights_swapped", weight_version=ctx.weight_version)
+        return None
+
+    async def after_gate(self, ctx: RoundContext) -> None:
+        """Training needs the GPUs: stop the server, or park it (reuse_server)."""
+        if ctx.cfg.val.reuse_server and self.child is not None and self.child.alive():
+            try:
+                await ctx.http.post(self._url(ctx, "/release_memory_occupation"), json={}, timeout=60)
+                self.parked = True
+                ctx.emit("val_server.parked", pid=self.child.pid)
+                return
+            except httpx.HTTPError:
+                pass
+        await self.stop(ctx)
+
+    async def stop(self, ctx: RoundContext) -> None:
+        if self.child is None:
+            return
+        await self.child.stop(ctx.cfg.val.server_grace)
+        ctx.unregister_child(self.child)
+        self.child = None
+        self.serving = None
+        host, port = _host_port(ctx.cfg.val.url, 30000)
+        await wait_port_free(host, port, timeout=30)
+        ctx.emit("val_server.stopped")

@@ -1,0 +1,179 @@
+"""The state dir: ``state.json`` (atomic), ``journal.jsonl`` (append-only, fsynced), the lock.
+
+The state dir lives OFF the volume (SPEC §5), so a full ``/ephemeral`` cannot stop the
+daemon from recording why it stopped. ``state.json`` is a cache of intent, not an oracle:
+the engine reconciles it with the disk on every start. When it is corrupt or truncated it
+is rebuilt from the journal (the last record that carries a full snapshot), with a
+warning event; when both are gone, the disk alone decides (``Store.load`` returns None).
+
+Write order for a transition: journal line (fsync), then state.json (temp, fsync, replace,
+fsync dir). A crash between the two leaves a journal that is ahead of state.json, and the
+rebuild prefers the newer of the two.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import LockError
+
+SCHEMA_VERSION = 1
+STATE_FILE = "state.json"
+JOURNAL_FILE = "journal.jsonl"
+LOCK_FILE = "lock"
+PID_FILE = "daemon.pid"
+STATUS_FILE = "status.json"
+SOCKET_FILE = "control.sock"
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Temp file in the same dir, fsync, os.replace, fsync the dir.
+
+    A failed fsync is not retried (PostgreSQL's fsyncgate): the error propagates.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644) -> None:
+    atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode=mode)
+
+
+@dataclass
+class Loaded:
+    """What :meth:`Store.load` found, and how."""
+
+    state: dict[str, Any]
+    source: str  # "state.json" | "journal"
+    warning: str | None = None
+
+
+class Store:
+    """Owns everything the daemon writes into its state dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self._lock_fd: int | None = None
+        self._journal_fd: int | None = None
+
+    # -- lock ------------------------------------------------------------------
+    def acquire_lock(self) -> None:
+        """One daemon per campaign: an exclusive flock on ``<state_dir>/lock``.
+
+        The pid of the holder is written into the lock file, so a second daemon can say
+        who holds it. The kernel drops the lock when the holder dies (even SIGKILL).
+        """
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockError(
+                f"{self.dir}: another shoprld daemon (pid {holder}) runs this campaign; "
+                f"fix: `shoprld status` to see it, `shoprld stop` to stop it"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        atomic_write(self.dir / PID_FILE, f"{os.getpid()}\n".encode())
+
+    def release_lock(self) -> None:
+        if self._lock_fd is not None:
+            (self.dir / PID_FILE).unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+
+    # -- journal -----------------------------------------------------------------
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one JSON line and fsync it."""
+        if self._journal_fd is None:
+            self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        line = json.dumps({"t": time.time(), **record}, sort_keys=True) + "\n"
+        os.write(self._journal_fd, line.encode())
+        os.fsync(self._journal_fd)
+
+    def journal(self) -> Iterator[dict[str, Any]]:
+        """Every well-formed journal record; a torn last line (crash mid-append) is skipped."""
+        try:
+            fh = open(self.dir / JOURNAL_FILE, encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return
+        with fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict):
+                    yield rec
+
+    # -- state -------------------------------------------------------------------
+    def save(self, state: dict[str, Any]) -> None:
+        atomic_write_json(self.dir / STATE_FILE, {**state, "schema": SCHEMA_VERSION}, mode=0o600)
+
+    def load(self) -> Loaded | None:
+        """state.json, else the journal's last snapshot, else None (the disk decides)."""
+        problem: str | None = None
+        try:
+            raw = (self.dir / STATE_FILE).read_text(encoding="utf-8")
+            state = json.loads(raw)
+            if not isinstance(state, dict):
+                problem = "state.json is not a JSON object"
+            elif state.get("schema") != SCHEMA_VERSION:
+                problem = f"state.json has schema {state.get('schema')!r}, expected {SCHEMA_VERSION}"
+            else:
+                newer = self._last_snapshot()
+                if newer and newer.get("seq", 0) > state.get("seq", 0):
+                    return Loaded(newer, "journal", "journal is ahead of state.json (crash between writes)")
+                return Loaded(state, STATE_FILE)
+        except FileNotFoundError:
+            problem = None if not (self.dir / JOURNAL_FILE).exists() else "state.json is missing"
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            problem = "state.json is corrupt or truncated"
+        except OSError as exc:
+            problem = f"state.json cannot be read ({exc.strerror})"
+        snap = self._last_snapshot()
+        if snap is not None:
+            return Loaded(snap, "journal", f"{problem}; rebuilt from the journal and the disk" if problem else None)
+        if problem:
+            return Loaded({}, "none", f"{problem}, and the journal has no snapshot; rebuilt from the disk")
+        return None
+
+    def _last_snapshot(self) -> dict[str, Any] | None:
+        last = None
+        for rec in self.journal():
+            snap = rec.get("snapshot")
+            if isinstance(snap, dict):
+                last = snap
+        return last

@@ -1,0 +1,1 @@
+"""Campaign recipes and the demo stack (shipped as shoprld.recipes)."""

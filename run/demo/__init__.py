@@ -1,0 +1,1 @@
+"""The demo stack: stand-ins for ShopSimulator, slime, the ShopSimRL tools and SGLang."""

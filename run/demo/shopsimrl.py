@@ -1,0 +1,808 @@
+"""STAND-IN for ShopSimRL's tools: `scripts/run_shopsimrl.py` (the `shopsimrl.cli` subcommands
+the loop uses) and `scripts/emit_training_loop_round.py` (here: the `emit` subcommand).
+No LLM is called: the "Failure Analyst" is a hash, and val/gate episodes are real HTTP
+episodes against the ShopSim and val-server stand-ins.
+
+    shopsimrl.py emit --project-root R --round-id round-00i --skillbank S --curriculum C
+                      [--history-ledger L] --shopsim-url U --val-url V [--episode-concurrency N]
+                      [--val-tasks N] [--val-concurrency N] [--seed N]
+    shopsimrl.py init-cold-start --out DIR
+    shopsimrl.py run VAL_CFG
+    shopsimrl.py training check CFG --task-data F
+    shopsimrl.py training watch-analyze CFG --stop-file F
+    shopsimrl.py training analyze CFG [--wandb ...]
+    shopsimrl.py training online-gate GATE_CFG [--wandb ...]
+    shopsimrl.py training build-curriculum SKILLBANK OUT --round-id R [--skill-free-probability P]
+                      [--rho-min A] [--rho-max B] [--seed N]
+
+The "YAML" configs are written as JSON, which is valid YAML. File names and key fields are
+the real ones (SHOPSIMRL.md). Files meant to be compared across runs (summary.json,
+online_gate_manifest.json, selected_skillbank.json, curriculum.json, candidate_pool.json)
+hold no timestamps, durations, pids or absolute paths; timing lives in manifest.json and
+traces.jsonl.
+
+Exit codes, with the real tools' quirks: `run` and `training analyze` exit 0 even when
+episodes or the analyst failed (judge them by summary.json / analysis_summary.json);
+`training online-gate` exits 0 when complete, 1 when incomplete or when the bare run is
+missing, incomplete or was made with other weights; `training check` exits 1 when not
+ready; any subcommand exits 1 on a bad input file or server, 2 on a usage error.
+Knobs: DEMO_ANALYST_POLL, DEMO_ANALYST_SECONDS, DEMO_ANALYST_FAIL, DEMO_VAL_FAIL_EPISODES,
+DEMO_GATE_INCOMPLETE, DEMO_GATE_INCOMPLETE_ROUNDS (see run/demo/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable
+
+import _common as c
+
+PROG = "shopsimrl"
+MAX_ATTEMPTS = 3  # per episode, counted over ALL records in traces.jsonl
+SKILLBANK_SCHEMA = "shopsimrl-skillbank-v1"
+CURRICULUM_SCHEMA = "shopsimrl-skill-curriculum-v1"
+POOL_SCHEMA = "shopsimrl-skill-candidate-pool-v1"
+PENDING = "full_skill_failure_pending_analysis"
+MECHANISMS = [
+    ("missed_attribute_filter", "Filter on every requested attribute",
+     "Before clicking a product, check each attribute in the instruction against the item page."),
+    ("wrong_option_selected", "Select the requested options first",
+     "Choose size, colour and pack options that the instruction names before Buy Now."),
+    ("over_budget_purchase", "Respect the budget",
+     "Compare the price with the budget in the instruction; go back when it is above it."),
+    ("premature_purchase", "Do not buy on the first result",
+     "Open at least two candidate items and compare them before buying."),
+    ("search_query_too_narrow", "Broaden an empty search",
+     "When a search returns nothing relevant, drop the least important attribute and search again."),
+]
+COLD_START = [
+    ("cold-search-attributes", "Search with the key attributes",
+     "Put the product type and its two most specific attributes in the first search query.", 0.04),
+    ("cold-verify-item", "Verify the item page",
+     "On the item page, compare title, attributes and price with the instruction before buying.", 0.03),
+    ("cold-options", "Set options explicitly",
+     "Click each option the instruction asks for; never rely on the default option.", 0.02),
+    ("cold-finish", "Finish with one purchase",
+     "End the episode with exactly one click[Buy Now] once the item matches.", 0.01),
+]
+
+
+def log(msg: str) -> None:
+    print(f"{PROG}: {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- skillbanks and curricula
+
+def make_skill(skill_id: str, title: str, body: str, effect: float, **meta: Any) -> dict[str, Any]:
+    """A skill with the demo contract's keys (id, title, body) and the real ones (skill_id, content)."""
+    return {"id": skill_id, "title": title, "body": body, "skill_id": skill_id, "content": body,
+            "version": "1", "enabled": True, "metadata": {"estimated_effect": effect, **meta}}
+
+
+def load_skills(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    bank = c.read_json(path, "skillbank")
+    skills = bank.get("skills") if isinstance(bank, dict) else None
+    if not isinstance(skills, list):
+        raise c.DemoError(f"skillbank {path} has no skills list")
+    out = []
+    for s in skills:
+        sid = s.get("id") or s.get("skill_id")
+        body = s.get("body") or s.get("content")
+        if not isinstance(sid, str) or not isinstance(body, str) or not body.strip():
+            raise c.DemoError(f"skillbank {path}: a skill lacks id/skill_id or body/content")
+        if s.get("enabled", True) is False:
+            continue
+        effect = (s.get("metadata") or {}).get("estimated_effect", s.get("estimated_effect"))
+        out.append({"id": sid, "title": s.get("title") or sid, "body": body, "effect": effect,
+                    "metadata": dict(s.get("metadata") or {})})
+    return bank, out
+
+
+def build_curriculum(skillbank: str | Path, round_id: str, seed: int, q: float, lo: float, hi: float) -> dict[str, Any]:
+    """The real `build_curriculum_state`, minus created_at and the absolute skillbank path."""
+    for name, value in (("skill-free-probability", q), ("rho-min", lo), ("rho-max", hi)):
+        if not 0.0 <= value <= 1.0:
+            raise c.DemoError(f"--{name} must be in [0, 1], got {value}", 2)
+    if lo > hi:
+        raise c.DemoError("--rho-min cannot exceed --rho-max", 2)
+    bank, skills = load_skills(skillbank)
+    for s in skills:
+        e = s["effect"]
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise c.DemoError(f"active skill {s['id']!r} in {skillbank} must have a positive estimated_effect")
+    scale = max((float(s["effect"]) for s in skills), default=1.0)
+    chunks = [{"skill_id": s["id"], "version": "1", "title": s["title"], "content": s["body"],
+               "metadata": s["metadata"], "contribution": float(s["effect"]),
+               "inclusion_probability": round(min(hi, max(lo, lo + (hi - lo) * float(s["effect"]) / scale)), 6)}
+              for s in skills]
+    core = {"round_id": round_id, "seed": seed, "skill_free_probability": q, "chunks": chunks,
+            "source": {"skillbank_sha256": c.fingerprint(bank),
+                       "probability_mapping": {"name": "clipped_linear_positive_contribution", "rho_min": lo,
+                                               "rho_max": hi, "contribution_scale": scale,
+                                               "scale_source": "largest_active_contribution"}}}
+    return {"schema_version": CURRICULUM_SCHEMA, **core, "state_id": c.fingerprint(core)}
+
+
+def cmd_init_cold_start(a: argparse.Namespace) -> int:
+    out = Path(a.out)
+    bank = {"version": 1, "schema_version": SKILLBANK_SCHEMA, "bank_version": "cold-start-v1",
+            "round_id": "cold-start", "metadata": {"source": "shoprld demo cold start"},
+            "skills": [make_skill(i, t, b, e) for i, t, b, e in COLD_START]}
+    c.atomic_write_json(out / "selected_skillbank.json", bank)
+    c.atomic_write_json(out / "curriculum.json", build_curriculum(out / "selected_skillbank.json", "round-000", a.seed, 0.2, 0.2, 0.9))
+    tasks = "".join(json.dumps({"prompt": str(t), "metadata": {"schema_version": "shopsimrl-slime-tasks-v1",
+                                                               "task_id": t, "split": "train"}}) + "\n" for t in range(500))
+    c.atomic_write_bytes(out / "train_tasks.jsonl", tasks.encode())
+    log(f"wrote {out}/selected_skillbank.json, curriculum.json, train_tasks.jsonl")
+    return 0
+
+
+def cmd_build_curriculum(a: argparse.Namespace) -> int:
+    payload = build_curriculum(a.skillbank, a.round_id, a.seed, a.skill_free_probability, a.rho_min, a.rho_max)
+    c.atomic_write_json(a.out, payload)
+    log(f"wrote curriculum {a.out} ({len(payload['chunks'])} chunks, state {payload['state_id'][:12]})")
+    return 0
+
+
+# ---------------------------------------------------------------- emit
+
+def cmd_emit(a: argparse.Namespace) -> int:
+    root = Path(a.project_root).resolve()
+    runs = root / "runs"
+    rid = a.round_id
+    out = runs / "loop" / rid
+    skillbank, curriculum = str(Path(a.skillbank).resolve()), str(Path(a.curriculum).resolve())
+    shop, val = a.shopsim_url.rstrip("/"), a.val_url.rstrip("/")
+    common = {"round_id": rid, "project_root": str(root), "shopsim_url": shop, "val_url": val, "seed": a.seed}
+    slime = {**common,
+             "shopsim_skillbank_path": skillbank, "shopsim_curriculum_path": curriculum,
+             "shopsim_training_output_dir": str(runs / "slime-training"),
+             "shopsim_system_prompt_file": "configs/prompts/persona_single_turn.txt",
+             "shopsim_environment_base_url": shop, "shopsim_environment_timeout": 30,
+             "shopsim_environment_persona": True, "shopsim_environment_trust_env": False,
+             "shopsim_episode_concurrency": a.episode_concurrency, "shopsim_max_steps": 30,
+             "shopsim_full_skill_retry": True, "shopsim_max_consecutive_failed_groups": 8,
+             "shopsim_tool_parser": "qwen3_coder", "shopsim_reasoning_parser": "qwen3"}
+    analysis = {**common, "online_analysis": {
+        "name": rid, "training_round_dir": str(runs / "slime-training" / rid),
+        "current_skillbank_path": skillbank, "output_dir": str(runs / f"{rid}-online-analysis"),
+        "proposal_checkpoint": f"qwen35-4b-{rid}", "max_candidates": 6, "resume": True}}
+    if a.history_ledger:
+        analysis["online_analysis"]["proposal_ledger_history_path"] = str(Path(a.history_ledger).resolve())
+    val_cfg = {**common,
+               "experiment": {"name": f"{rid}-bare-val", "output_dir": str(runs), "dotenv": str(root / ".env"),
+                              "seed": a.seed, "concurrency": a.val_concurrency, "resume": True},
+               "tasks": {"split": "val", "sample_size": a.val_tasks, "repeats": 1},
+               "environment": {"base_url": shop, "timeout": 30, "persona": None},
+               "runtime": {"max_steps": 30}, "skills": {"path": None, "max_skills": None},
+               "model": {"id": "qwen35-4b-current-checkpoint", "checkpoint_id": f"{rid}-checkpoint",
+                         "name": "Qwen/Qwen3.5-4B", "base_url": f"{val}/v1", "temperature": 0.6, "top_p": 1.0,
+                         "max_tokens": int(os.environ.get("ROLLOUT_MAX_RESPONSE_LEN", 4096)), "timeout": 180,
+                         "max_retries": 3}}
+    gate = {**common, "online_gate": {
+        "name": f"{rid}-online-gate", "output_dir": str(runs / f"{rid}-online-gate"),
+        "experiment_config": str(out / "val.yaml"), "bare_run_dir": str(runs / f"{rid}-bare-val"),
+        "candidate_pool_path": str(runs / f"{rid}-online-analysis" / "candidate_pool.json"),
+        "mask_seed": 20260901, "active_skill_budget": 10}}
+    for name, payload in (("slime", slime), ("analysis", analysis), ("val", val_cfg), ("gate", gate)):
+        c.atomic_write_json(out / f"{name}.yaml", payload)
+    print(out, flush=True)
+    return 0
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    def verdict(reason: str | None) -> int:
+        print(json.dumps({"status": "ready"} if reason is None else {"status": "error", "reason": reason}), flush=True)
+        return 0 if reason is None else 1
+
+    try:
+        cfg = c.read_json(a.config, "training config")
+    except c.DemoError as exc:
+        return verdict(str(exc))
+    for key in ("shopsim_environment_base_url", "shopsim_skillbank_path", "shopsim_curriculum_path",
+                "shopsim_training_output_dir"):
+        if not cfg.get(key):
+            return verdict(f"{a.config}: {key} is missing")
+    for key in ("shopsim_skillbank_path", "shopsim_curriculum_path"):
+        if not Path(cfg[key]).is_file():
+            return verdict(f"{a.config}: {key} points to a missing file {cfg[key]}")
+    try:
+        lines = [ln for ln in Path(a.task_data).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        for ln in lines:
+            json.loads(ln)
+    except (OSError, ValueError) as exc:
+        return verdict(f"task data {a.task_data} is unreadable: {exc}")
+    return verdict(None if lines else f"task data {a.task_data} is empty")
+
+
+# ---------------------------------------------------------------- the Failure Analyst
+
+def pending_triage(round_dir: Path) -> list[dict[str, Any]]:
+    """Pending groups, sorted; a triage file that does not parse yet is skipped this time."""
+    records = []
+    for path in sorted(round_dir.glob("group-*/triage.json")):
+        try:
+            t = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (t.get("classification") or t.get("status")) == PENDING:
+            records.append(t)
+    return records
+
+
+def trajectory_id(t: dict[str, Any]) -> str:
+    return (t.get("full_skill_retry") or {}).get("episode_id") or f"{t.get('round_id')}-group-{t.get('group_id')}"
+
+
+def analyze_group(t: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """One "LLM" analysis: a deterministic failure card for a pending group."""
+    time.sleep(seconds)
+    k = int(c.unit("mechanism", t.get("round_id"), t.get("group_id")) * len(MECHANISMS))
+    mech, title, _ = MECHANISMS[k]
+    return {"card_id": f"card-{t.get('round_id')}-g{int(t.get('group_id', 0)):09d}",
+            "source_trajectory_id": trajectory_id(t), "group_id": t.get("group_id"),
+            "round_id": t.get("round_id"), "task_id": t.get("task_id"), "status": "FAILURE_CARD",
+            "eligible_for_consolidation": True, "failure_mechanism": mech,
+            "deployable_abstraction": f"{title}: the agent failed by {mech.replace('_', ' ')}.",
+            "input_fingerprint": c.fingerprint({"triage": {k2: v for k2, v in t.items() if k2 != "full_skill_retry"}})}
+
+
+class CardStore:
+    """failure_cards.jsonl: append-only, fsynced, deduplicated by source_trajectory_id."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.cards: dict[str, dict[str, Any]] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):  # a torn last line from a crash: drop it
+                data = data[: data.rfind(b"\n") + 1]
+                with open(path, "r+b") as f:
+                    f.truncate(len(data))
+            for line in data.decode("utf-8").splitlines():
+                try:
+                    card = json.loads(line)
+                    self.cards[card["source_trajectory_id"]] = card
+                except (ValueError, KeyError, TypeError):
+                    continue
+        self.lock = threading.Lock()
+
+    def append(self, card: dict[str, Any]) -> bool:
+        with self.lock:
+            if card["source_trajectory_id"] in self.cards:
+                return False
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(card, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.cards[card["source_trajectory_id"]] = card
+            return True
+
+
+def analysis_spec(path: str) -> dict[str, Any]:
+    cfg = c.read_json(path, "analysis config")
+    oa = cfg.get("online_analysis") if isinstance(cfg, dict) else None
+    if not isinstance(oa, dict):
+        raise c.DemoError(f"{path}: config must contain an online_analysis mapping")
+    for key in ("training_round_dir", "current_skillbank_path", "output_dir"):
+        if not oa.get(key):
+            raise c.DemoError(f"{path}: online_analysis.{key} is required")
+    return oa
+
+
+def cmd_watch_analyze(a: argparse.Namespace) -> int:
+    oa = analysis_spec(a.config)
+    round_dir, out = Path(oa["training_round_dir"]), Path(oa["output_dir"])
+    stop_file = Path(a.stop_file)
+    poll = c.env_float("DEMO_ANALYST_POLL", 0.2)
+    seconds = c.env_float("DEMO_ANALYST_SECONDS", 0.05)
+    has_key = bool(os.environ.get("BAILIAN_API_KEY"))
+    store = CardStore(out / "failure_cards.jsonl")
+    stop = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            os._exit(130)  # a second signal forces the exit, without draining
+        reason.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log(f"watch-analyze: watching {round_dir} every {poll}s; stop file {stop_file}; pid={os.getpid()}")
+    if not has_key:
+        log("ERROR: BAILIAN_API_KEY is not set; failure cards will not be produced")
+    pool = ThreadPoolExecutor(max_workers=2)
+    in_flight: dict[str, Any] = {}
+    written = 0
+
+    def submit_new() -> None:
+        if not has_key:
+            return
+        for t in pending_triage(round_dir):
+            tid = trajectory_id(t)
+            if tid not in store.cards and tid not in in_flight:
+                in_flight[tid] = pool.submit(analyze_group, t, seconds)
+
+    def harvest(block: bool) -> None:
+        nonlocal written
+        if block and in_flight:
+            wait(list(in_flight.values()))
+        for tid, fut in list(in_flight.items()):
+            if fut.done():
+                del in_flight[tid]
+                if fut.exception() is None and store.append(fut.result()):
+                    written += 1
+
+    while not stop.is_set() and not stop_file.exists():
+        submit_new()
+        harvest(block=False)
+        stop.wait(poll)
+    why = reason[0] if reason else f"stop file {stop_file}"
+    submit_new()  # the final sweep: the trainer has finished writing triage files
+    log(f"watch-analyze: stopping ({why}); draining {len(in_flight)} analysis(es)")
+    harvest(block=True)
+    pool.shutdown(wait=True)
+    log(f"watch-analyze: drained; {written} new card(s), {len(store.cards)} in {store.path}")
+    return 0
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    c.atomic_write_bytes(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line
+    return rows
+
+
+def candidate_pool(oa: dict[str, Any], skills: list[dict[str, Any]], bank: dict[str, Any],
+                   candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    payload = {"schema_version": POOL_SCHEMA, "round_id": oa.get("name"),
+               "proposal_checkpoint": oa.get("proposal_checkpoint"), "current_skillbank_sha256": c.fingerprint(bank),
+               "current_skills": [{"skill_id": s["id"], "title": s["title"], "version": "1", "content": s["body"],
+                                   "metadata": s["metadata"]} for s in skills],
+               "candidates": candidates}
+    return {**payload, "pool_sha256": c.fingerprint(payload)}
+
+
+def cmd_analyze(a: argparse.Namespace) -> int:
+    oa = analysis_spec(a.config)
+    out, round_dir = Path(oa["output_dir"]), Path(oa["training_round_dir"])
+    bank, skills = load_skills(oa["current_skillbank_path"])
+    history_path = oa.get("proposal_ledger_history_path")
+    history = read_jsonl(Path(history_path)) if history_path else []
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if c.env_flag("DEMO_ANALYST_FAIL"):
+            raise RuntimeError("the analyst failed (DEMO_ANALYST_FAIL=1)")
+        if not os.environ.get("BAILIAN_API_KEY"):
+            raise RuntimeError("BAILIAN_API_KEY is not set")
+        if not round_dir.is_dir():
+            raise FileNotFoundError(f"training round directory not found: {round_dir}")
+        store = CardStore(out / "failure_cards.jsonl")
+        triage = pending_triage(round_dir)
+        for t in triage:  # catch up what the sidecar did not analyze, like the real drain
+            if trajectory_id(t) not in store.cards:
+                store.append(analyze_group(t, c.env_float("DEMO_ANALYST_SECONDS", 0.05)))
+        ids = {trajectory_id(t) for t in triage}
+        cards = sorted((card for tid, card in store.cards.items() if tid in ids and card.get("eligible_for_consolidation")),
+                       key=lambda card: card["card_id"])
+        by_mech: dict[str, list[str]] = {}
+        for card in cards:
+            by_mech.setdefault(card["failure_mechanism"], []).append(card["card_id"])
+        candidates = []
+        for mech, title, procedure in MECHANISMS:
+            if mech not in by_mech or len(candidates) >= int(oa.get("max_candidates", 6)):
+                continue
+            content = f"### {title} ({oa.get('name')})\n\n- Procedure: {procedure}"
+            cid = "online-" + c.fingerprint({"operation": "ADD", "content": content})[:16]
+            candidates.append({"candidate_id": cid, "operation": "ADD", "target_chunk_id": None, "content": content,
+                               "metadata": {"title": title, "failure_mechanism": mech, "evidence_card_ids": by_mech[mech],
+                                            "proposal_checkpoint": oa.get("proposal_checkpoint")}})
+        pool = candidate_pool(oa, skills, bank, candidates)
+        ledger = history + [{"candidate_id": cand["candidate_id"], "operation": "ADD", "target_chunk_id": None,
+                             "source_card_ids": cand["metadata"]["evidence_card_ids"],
+                             "failure_mechanism": cand["metadata"]["failure_mechanism"],
+                             "proposal_checkpoint": oa.get("proposal_checkpoint"), "stage": "online",
+                             "content": cand["content"], "validation_result": None, "estimated_effect": None,
+                             "contribution_rank": None} for cand in candidates]
+        summary = {"schema_version": "shopsimrl-online-failure-analysis-v1", "status": "ok", "round_id": oa.get("name"),
+                   "triage_groups": len(triage), "analyzed_cards": len([i for i in ids if i in store.cards]),
+                   "eligible_cards": len(cards), "candidates": len(candidates),
+                   "proposal_history_records": len(history), "current_skillbank_sha256": c.fingerprint(bank),
+                   "error": None}
+    except Exception as exc:  # the real tool writes a current-skills-only pool and exits 0
+        pool = candidate_pool(oa, skills, bank, [])
+        ledger = history
+        summary = {"schema_version": "shopsimrl-online-failure-analysis-v1", "status": "failed",
+                   "round_id": oa.get("name"), "submitted_candidates": False,
+                   "error": {"type": type(exc).__name__, "message": str(exc)},
+                   "triage_groups": 0, "analyzed_cards": 0, "eligible_cards": 0, "candidates": 0,
+                   "proposal_history_records": len(history), "current_skillbank_sha256": c.fingerprint(bank)}
+        log(f"analyze: analyst failed ({exc}); wrote a current-skills-only candidate pool")
+    c.atomic_write_json(out / "candidate_pool.json", pool)
+    write_jsonl(out / "proposal_ledger.jsonl", ledger)
+    c.atomic_write_json(out / "analysis_summary.json", summary)
+    log(f"analyze: status={summary['status']} candidates={summary['candidates']} -> {out}")
+    return 0
+
+
+# ---------------------------------------------------------------- episodes (val and gate)
+
+class Servers:
+    """HTTP calls to ShopSim and the val server, as the real runtime makes them."""
+
+    def __init__(self, shop_url: str, val_url: str, shop_timeout: float, model_timeout: float):
+        self.shop_url, self.val_url = shop_url.rstrip("/"), val_url.rstrip("/")
+        self.shop_timeout, self.model_timeout = shop_timeout, model_timeout
+
+    def model_info(self) -> dict[str, Any]:
+        try:
+            status, body = c.http_json("GET", self.val_url + "/get_model_info", timeout=10)
+        except OSError as exc:
+            raise c.DemoError(f"val server unreachable at {self.val_url}: {exc}") from None
+        if status != 200 or not isinstance(body, dict) or not body.get("weights_fingerprint"):
+            raise c.DemoError(f"val server at {self.val_url} has no model loaded (HTTP {status})")
+        return body
+
+    def shop(self, payload: dict[str, Any]) -> dict[str, Any]:
+        status, body = c.http_json("POST", self.shop_url + "/api/shop_agent", payload, timeout=self.shop_timeout)
+        result = body.get("result") if isinstance(body, dict) else None
+        if status != 200 or not isinstance(result, dict):
+            raise RuntimeError(f"ShopSim {payload['action']} HTTP {status}: {(result or {}).get('error')}")
+        return result
+
+    def episode(self, task_id: int, prompt_extra: str) -> dict[str, Any]:
+        lease = self.shop({"action": "reset", "idx": task_id})
+        slot, lease_id = lease["env_idx"], lease["lease_id"]
+        try:
+            prompt = f"{prompt_extra}{lease['task_instruction']}\n{lease['observation']}"
+            status, gen = c.http_json("POST", self.val_url + "/generate",
+                                      {"text": prompt, "sampling_params": {"temperature": 0.6, "max_new_tokens": 4096}},
+                                      timeout=self.model_timeout)
+            if status != 200 or not isinstance(gen, dict) or "text" not in gen:
+                raise RuntimeError(f"generate HTTP {status}")
+            step = self.shop({"action": "interact", "env_idx": slot, "lease_id": lease_id, "response": gen["text"]})
+            final = step if step.get("done") else self.shop({"action": "terminate", "env_idx": slot, "lease_id": lease_id})
+            return {"done": True, "reward": final["reward"], "reward_detail": final["reward_detail"],
+                    "termination_reason": final.get("termination_reason", "environment_done"), "action": gen["text"]}
+        finally:
+            self.shop({"action": "release_one", "env_idx": slot, "lease_id": lease_id})
+
+
+def val_task_ids(seed: int, n: int) -> list[int]:
+    if not 1 <= n <= 500:
+        raise c.DemoError(f"tasks.sample_size must be in [1, 500] (the demo val split), got {n}", 2)
+    return sorted(random.Random(seed).sample(range(500, 1000), n))
+
+
+def mean_sem(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return round(m, 6), None
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return round(m, 6), round(math.sqrt(var / len(values)), 6)
+
+
+def val_setup(cfg_path: str) -> tuple[dict[str, Any], Servers, list[int]]:
+    cfg = c.read_json(cfg_path, "val config")
+    try:
+        exp, model, env = cfg["experiment"], cfg["model"], cfg["environment"]
+        n = int(cfg.get("tasks", {}).get("sample_size") or 40)
+        val_url = cfg.get("val_url") or str(model["base_url"]).rstrip("/").removesuffix("/v1")
+        servers = Servers(env["base_url"], val_url, float(env.get("timeout", 30)), float(model.get("timeout", 180)))
+        tasks = val_task_ids(int(exp["seed"]), n)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise c.DemoError(f"{cfg_path}: malformed val config ({exc})", 2) from None
+    return cfg, servers, tasks
+
+
+def run_parallel(jobs: list[Any], fn: Callable[[Any], None], concurrency: int) -> None:
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for fut in [pool.submit(fn, j) for j in jobs]:
+            fut.result()
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    cfg, servers, tasks = val_setup(a.config)
+    exp = cfg["experiment"]
+    out = Path(exp["output_dir"]) / exp["name"]
+    info = servers.model_info()
+    fp = c.fingerprint({"config": cfg, "weight_version": info.get("weight_version")})
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists():
+        old = c.read_json(manifest_path, "run manifest")
+        if old.get("fingerprint") != fp:
+            raise c.DemoError(f"{manifest_path}: fingerprint mismatch (another config or weight_version made this run dir); "
+                              "archive the dir or restore its inputs")
+    else:
+        c.atomic_write_json(manifest_path, {
+            "schema_version": "shopsimrl-run-manifest-v1", "fingerprint": fp, "config_path": str(Path(a.config).resolve()),
+            "weight_version": info.get("weight_version"), "weights_fingerprint": info["weights_fingerprint"],
+            "task_ids": tasks, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    traces_path = out / "traces.jsonl"
+    records = read_jsonl(traces_path)
+    attempts = Counter(r.get("episode_id") for r in records)
+    done = {r["episode_id"] for r in records if r.get("status") == "completed"}
+    fail_n = c.env_int("DEMO_VAL_FAIL_EPISODES", 0) or 0
+    doomed = set(tasks[:fail_n])
+    pending = [t for t in tasks if f"val-{t}-0" not in done and attempts[f"val-{t}-0"] < MAX_ATTEMPTS]
+    lock = threading.Lock()
+    log(f"run: {len(tasks)} episodes, {len(done)} done, {len(pending)} to attempt, concurrency {exp.get('concurrency', 1)}")
+
+    def attempt(task: int) -> None:
+        eid = f"val-{task}-0"
+        t0 = time.time()
+        rec: dict[str, Any] = {"schema_version": "shopsimrl-trace-v1", "episode_id": eid, "task_id": task, "sample_id": 0,
+                               "split": "val", "attempt": attempts[eid] + 1, "pid": os.getpid(),
+                               "model": {"weight_version": info.get("weight_version"),
+                                         "weights_fingerprint": info["weights_fingerprint"]}}
+        try:
+            if task in doomed:
+                raise RuntimeError("injected episode failure (DEMO_VAL_FAIL_EPISODES)")
+            rec.update(status="completed", final=servers.episode(task, ""), error=None)
+        except Exception as exc:
+            rec.update(status="failed", final=None, error={"type": type(exc).__name__, "message": str(exc)})
+        rec.update(started_at=t0, duration_ms=round((time.time() - t0) * 1000, 1))
+        with lock, open(traces_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    run_parallel(pending, attempt, int(exp.get("concurrency", 1)))
+    records = read_jsonl(traces_path)
+    completed: dict[str, dict[str, Any]] = {}
+    attempts = Counter(r.get("episode_id") for r in records)
+    last_error: dict[str, str] = {}
+    for r in records:
+        if r.get("status") == "completed" and r["episode_id"] not in completed:
+            completed[r["episode_id"]] = r
+        elif r.get("status") != "completed":
+            last_error[r["episode_id"]] = (r.get("error") or {}).get("type", "unknown")
+    eids = [f"val-{t}-0" for t in tasks]
+    finals = [completed[e]["final"] for e in eids if e in completed]
+    rewards = [float(f["reward"]) for f in finals]
+    reward_mean, reward_sem = mean_sem(rewards)
+    components: dict[str, list[float]] = {}
+    for f in finals:
+        for k, v in sorted((f.get("reward_detail") or {}).items()):
+            components.setdefault(k, []).append(float(v))
+    failed = [e for e in eids if e not in completed]
+    summary = {
+        "schema_version": "shopsimrl-eval-summary-v2", "experiment": exp["name"],
+        "weight_version": info.get("weight_version"), "weights_fingerprint": info["weights_fingerprint"],
+        "counts": {"requested": len(eids), "completed": len(finals), "failed": len(failed), "scored": len(rewards),
+                   "coverage": round(len(finals) / len(eids), 6), "attempts": sum(attempts[e] for e in eids),
+                   "exhausted": sum(1 for e in failed if attempts[e] >= MAX_ATTEMPTS)},
+        "primary": {"reward_mean": reward_mean, "reward_sem": reward_sem,
+                    "success_rate": mean_sem(components.get("r_success", []))[0]},
+        "reward_components": {k: mean_sem(v)[0] for k, v in sorted(components.items())},
+        "errors": dict(sorted(Counter(last_error[e] for e in failed if e in last_error).items())),
+    }
+    c.atomic_write_json(out / "summary.json", summary)
+    log(f"run: completed {len(finals)}/{len(eids)} coverage={summary['counts']['coverage']} "
+        f"reward_mean={reward_mean} -> {out}/summary.json")
+    return 0  # like the real tool: failed episodes do not change the exit code
+
+
+# ---------------------------------------------------------------- the online gate
+
+def gate_forced_incomplete(round_id: str) -> bool:
+    rounds = {r.strip() for r in os.environ.get("DEMO_GATE_INCOMPLETE_ROUNDS", "").split(",") if r.strip()}
+    return c.env_flag("DEMO_GATE_INCOMPLETE") or round_id in rounds
+
+
+def cmd_online_gate(a: argparse.Namespace) -> int:
+    cfg = c.read_json(a.config, "gate config")
+    g = cfg.get("online_gate") if isinstance(cfg, dict) else None
+    if not isinstance(g, dict):
+        raise c.DemoError(f"{a.config}: config must contain an online_gate mapping")
+    round_id = cfg.get("round_id") or str(g.get("name", "")).removesuffix("-online-gate")
+    out, bare = Path(g["output_dir"]), Path(g["bare_run_dir"])
+    val_cfg, servers, tasks = val_setup(g["experiment_config"])
+    if not (bare / "summary.json").is_file():
+        raise c.DemoError(f"bare run missing: {bare}/summary.json; run the bare val first")
+    bare_summary = c.read_json(bare / "summary.json", "bare summary")
+    if bare_summary.get("counts", {}).get("coverage") != 1:
+        raise c.DemoError(f"bare run {bare} is incomplete (coverage {bare_summary.get('counts', {}).get('coverage')})")
+    info = servers.model_info()
+    if (info["weights_fingerprint"], info.get("weight_version")) != (bare_summary.get("weights_fingerprint"), bare_summary.get("weight_version")):
+        raise c.DemoError(f"bare run {bare} was made with other weights than the served ones; "
+                          "the weights must stay frozen from the bare run to the gate")
+    pool = c.read_json(g["candidate_pool_path"], "candidate pool")
+    bare_reward = {r["task_id"]: float(r["final"]["reward"]) for r in read_jsonl(bare / "traces.jsonl")
+                   if r.get("status") == "completed"}
+    content = {s["skill_id"]: s["content"] for s in pool["current_skills"]}
+    content.update({cand["candidate_id"]: cand["content"] for cand in pool["candidates"]})
+    columns = list(content)
+    seed = int(g.get("mask_seed", 20260901))
+    rows = [{"episode_id": f"val-{t}-0", "task_id": t, "mask": [int(c.unit("mask", seed, t, col) < 0.5) for col in columns]}
+            for t in tasks]
+    for row in rows:
+        row["included_chunk_ids"] = [col for col, m in zip(columns, row["mask"]) if m]
+    core = {"mask_seed": seed, "pool_sha256": pool.get("pool_sha256"), "columns": columns, "assignments": rows}
+    assignments = {"schema_version": "shopsimrl-online-skill-assignments-v1", **core, "assignment_sha256": c.fingerprint(core)}
+    out.mkdir(parents=True, exist_ok=True)
+    c.atomic_write_json(out / "mask_assignments.json", assignments)
+    rewards: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def masked(row: dict[str, Any]) -> None:
+        skills = "".join(f"[skill {i}]\n{content[i]}\n" for i in row["included_chunk_ids"])
+        try:
+            reward = float(servers.episode(row["task_id"], skills)["reward"])
+        except Exception as exc:
+            log(f"online-gate: masked rollout of task {row['task_id']} failed: {exc}")
+            return
+        with lock:
+            rewards[row["task_id"]] = reward
+
+    run_parallel(rows, masked, int(val_cfg["experiment"].get("concurrency", 1)))
+    complete_rows = [r for r in rows if r["task_id"] in rewards and r["task_id"] in bare_reward]
+    reason = None
+    if len(complete_rows) < len(rows):
+        reason = f"{len(rows) - len(complete_rows)} masked rollout(s) missing"
+    elif gate_forced_incomplete(round_id):
+        reason = "forced incomplete (DEMO_GATE_INCOMPLETE / DEMO_GATE_INCOMPLETE_ROUNDS)"
+    manifest: dict[str, Any] = {
+        "schema_version": "shopsimrl-online-validation-gate-v2", "status": "incomplete", "reason": reason,
+        "config": {"name": g.get("name"), "mask_seed": seed, "active_skill_budget": int(g.get("active_skill_budget", 10))},
+        "protocol": {"split": "val", "masked_rollouts_per_task": 1, "reused_bare_rollouts_per_task": 1,
+                     "estimator": "difference_of_paired_deltas (demo stand-in for the paired OLS)",
+                     "selection": "strictly_positive_top_k"},
+        "input": {"round_id": round_id, "pool_sha256": pool.get("pool_sha256"),
+                  "assignment_sha256": assignments["assignment_sha256"], "task_ids": tasks,
+                  "weight_version": info.get("weight_version"), "weights_fingerprint": info["weights_fingerprint"],
+                  "bare_summary_sha256": c.fingerprint(bare_summary)},
+        "summary": {"requested": len(rows), "completed": len(complete_rows),
+                    "reward_mean": mean_sem([rewards[r["task_id"]] for r in complete_rows])[0]},
+        "output": None}
+    if reason is not None:
+        c.atomic_write_json(out / "online_gate_manifest.json", manifest)
+        log(f"online-gate: incomplete ({reason})")
+        return 1
+    deltas = {r["task_id"]: rewards[r["task_id"]] - bare_reward[r["task_id"]] for r in rows}
+    coef = {}
+    for k, col in enumerate(columns):
+        inc = [deltas[r["task_id"]] for r in rows if r["mask"][k]]
+        exc = [deltas[r["task_id"]] for r in rows if not r["mask"][k]]
+        coef[col] = round(sum(inc) / len(inc) - sum(exc) / len(exc), 6) if inc and exc else 0.0
+    budget = manifest["config"]["active_skill_budget"]
+    ranked = sorted(columns, key=lambda col: (-coef[col], col))
+    chosen = {col for col in ranked if coef[col] > 0}
+    chosen = set([col for col in ranked if col in chosen][:budget])
+    current_ids = {s["skill_id"] for s in pool["current_skills"]}
+    contributions = {"schema_version": "shopsimrl-online-chunk-contributions-v2", "pool_sha256": pool.get("pool_sha256"),
+                     "assignment_sha256": assignments["assignment_sha256"], "active_skill_budget": budget,
+                     "selected_intervention_ids": [col for col in columns if col in chosen],
+                     "contributions": [{"intervention_id": col, "kind": "current" if col in current_ids else "candidate",
+                                        "coefficient": coef[col], "rank": ranked.index(col) + 1,
+                                        "status": "selected" if col in chosen else ("retired" if col in current_ids else "non_positive")}
+                                       for col in columns]}
+    titles = {s["skill_id"]: s.get("title") or s["skill_id"] for s in pool["current_skills"]}
+    titles.update({cand["candidate_id"]: cand["metadata"].get("title", cand["candidate_id"]) for cand in pool["candidates"]})
+    skills = [make_skill(col, titles[col], content[col], coef[col], validation_result="selected",
+                         contribution_rank=ranked.index(col) + 1, selected_intervention_id=col)
+              for col in columns if col in chosen]
+    selected = {"version": 1, "schema_version": SKILLBANK_SCHEMA, "round_id": round_id,
+                "bank_version": f"online-{round_id}-selected-v1",
+                "metadata": {"pool_sha256": pool.get("pool_sha256"), "assignment_sha256": assignments["assignment_sha256"],
+                             "active_skill_budget": budget, "selected_count": len(skills),
+                             "selected_intervention_ids": contributions["selected_intervention_ids"],
+                             "weights_fingerprint": info["weights_fingerprint"]},
+                "skills": skills}
+    history = read_jsonl(Path(g["candidate_pool_path"]).with_name("proposal_ledger.jsonl"))
+    by_col = {row["intervention_id"]: row for row in contributions["contributions"]}
+    ledger = []
+    for row in history:
+        result = by_col.get(row.get("candidate_id"))
+        if result:
+            row = {**row, "validation_result": result["status"], "estimated_effect": result["coefficient"],
+                   "contribution_rank": result["rank"], "assignment_sha256": assignments["assignment_sha256"]}
+        ledger.append(row)
+    c.atomic_write_json(out / "contributions.json", contributions)
+    c.atomic_write_json(out / "selected_skillbank.json", selected)
+    write_jsonl(out / "proposal_ledger.jsonl", ledger)
+    text = "\n\n".join(s["body"] for s in skills) or "_No positive survivor._"
+    c.atomic_write_bytes(out / "selected_skill.md",
+                         f"# Shopping Skill\n\n> Active skill frozen by online randomized validation.\n\n{text}\n".encode())
+    manifest.update(status="complete", output={
+        "contributions_sha256": c.fingerprint(contributions), "selected_skillbank_sha256": c.fingerprint(selected),
+        "proposal_ledger_sha256": c.fingerprint(ledger), "selected_chunk_ids": [s["id"] for s in skills]})
+    c.atomic_write_json(out / "online_gate_manifest.json", manifest)
+    log(f"online-gate: complete; selected {len(skills)} skill(s) -> {out}/selected_skillbank.json")
+    return 0
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_wandb(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wandb", action="store_true")
+    p.add_argument("--wandb-project")
+    p.add_argument("--wandb-group")
+    p.add_argument("--wandb-mode", choices=["online", "offline", "disabled"], default="online")
+    p.add_argument("--wandb-dir")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="ShopSimRL tools stand-in (demo)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("emit", help="write runs/loop/<round>/{slime,analysis,val,gate}.yaml")
+    e.add_argument("--project-root", required=True)
+    e.add_argument("--round-id", required=True)
+    e.add_argument("--skillbank", required=True)
+    e.add_argument("--curriculum", required=True)
+    e.add_argument("--history-ledger")
+    e.add_argument("--shopsim-url", default="http://127.0.0.1:5700")
+    e.add_argument("--val-url", default="http://127.0.0.1:30000")
+    e.add_argument("--episode-concurrency", type=int, default=4)
+    e.add_argument("--val-tasks", type=int, default=40)
+    e.add_argument("--val-concurrency", type=int, default=8)
+    e.add_argument("--seed", type=int, default=20260830)
+    e.set_defaults(fn=cmd_emit)
+    i = sub.add_parser("init-cold-start", help="write round-000's skillbank, curriculum and task data")
+    i.add_argument("--out", required=True)
+    i.add_argument("--seed", type=int, default=20260830)
+    i.set_defaults(fn=cmd_init_cold_start)
+    r = sub.add_parser("run", help="bare validation")
+    r.add_argument("config")
+    r.set_defaults(fn=cmd_run)
+    t = sub.add_parser("training").add_subparsers(dest="training_cmd", required=True)
+    ck = t.add_parser("check")
+    ck.add_argument("config")
+    ck.add_argument("--task-data", required=True)
+    ck.set_defaults(fn=cmd_check)
+    w = t.add_parser("watch-analyze")
+    w.add_argument("config")
+    w.add_argument("--stop-file", required=True)
+    w.set_defaults(fn=cmd_watch_analyze)
+    an = t.add_parser("analyze")
+    an.add_argument("config")
+    add_wandb(an)
+    an.set_defaults(fn=cmd_analyze)
+    og = t.add_parser("online-gate")
+    og.add_argument("config")
+    add_wandb(og)
+    og.set_defaults(fn=cmd_online_gate)
+    bc = t.add_parser("build-curriculum")
+    bc.add_argument("skillbank")
+    bc.add_argument("out")
+    bc.add_argument("--round-id", required=True)
+    bc.add_argument("--skill-free-probability", type=float, default=0.20)
+    bc.add_argument("--rho-min", type=float, default=0.20)
+    bc.add_argument("--rho-max", type=float, default=0.90)
+    bc.add_argument("--seed", type=int, default=20260830)
+    bc.set_defaults(fn=cmd_build_curriculum)
+    return p
+
+
+def main() -> int:
+    args = build_parser().parse_args(sys.argv[1:])
+    if getattr(args, "wandb", False) and args.wandb_mode != "disabled" and not os.environ.get("WANDB_API_KEY"):
+        log("warning: --wandb given but WANDB_API_KEY is not set; not logging to W&B")
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    c.run_main(PROG, main)

@@ -1,0 +1,306 @@
+"""STAND-IN for slime's `train.py` (THUDM/slime, launched by ShopSimRL's
+`scripts/run_shopsimrl_slime.sh` through `ray job submit`). No model is trained.
+
+What it keeps from slime and Megatron, because the daemon relies on it:
+- the loop `for rollout_id in range(start, num_rollout)`: `--num-rollout` is an absolute end;
+- resume from `<load>/latest_checkpointed_iteration.txt` (`N`, `iter_N` or `release`):
+  start = tracker + 1, or 0 without a tracker;
+- saves when `(rollout_id + 1) % save_interval == 0` or at the last rollout; the Megatron
+  iteration saved is the rollout id; `iter_{N:07d}/` gets common.pt, __R_0.distcp, .metadata,
+  metadata.json (each fsynced, in that order), then the tracker is written with a plain
+  open('w'), then `--save-hf` (index, shards, config.json), then the data-sampler state
+  `rollout/global_dataset_state_dict_N.pt`;
+- no save on SIGTERM (the default action: the process dies at once);
+- WANDB_API_KEY comes from the environment and is never printed.
+
+Each rollout leases ShopSim slots (reset/interact/terminate/release_one), sleeps
+DEMO_STEP_SECONDS, writes `runs/slime-training/<round>/group-%09d/{rollout-0.json,
+triage.json[, full-skill-retry.json]}` and prints `rollout <id>/<num_rollout-1> step_time=<s>
+reward=<x>`. Helper mode: `--init-base DIR` writes the converted base model (iteration 0).
+
+Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive unscored groups);
+2 usage or configuration error (bad tracker, missing WANDB_API_KEY, unreadable config).
+Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
+DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
+DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+PROG = "slime_train"
+MAX_FAILED_GROUPS = 8  # slime aborts the job after 8 consecutive unscored groups
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog=PROG, description="slime train.py stand-in (demo)")
+    p.add_argument("--load")
+    p.add_argument("--save")
+    p.add_argument("--save-interval", type=int)
+    p.add_argument("--num-rollout", type=int)
+    p.add_argument("--save-hf")
+    p.add_argument("--custom-config-path")
+    p.add_argument("--hf-checkpoint")
+    p.add_argument("--ref-load")
+    p.add_argument("--seed", type=int, default=c.DEFAULT_SEED)
+    p.add_argument("--use-wandb", action="store_true")
+    p.add_argument("--wandb-mode", choices=["online", "offline", "disabled"], default="online")
+    p.add_argument("--wandb-project")
+    p.add_argument("--wandb-group")
+    p.add_argument("--wandb-dir")
+    p.add_argument("--disable-wandb-random-suffix", action="store_true")
+    p.add_argument("--init-base", metavar="DIR", help="demo helper: write the converted base model (iteration 0) and exit")
+    return p.parse_known_args(argv)
+
+
+# ---------------------------------------------------------------- faults
+
+class Faults:
+    """Fault knobs from the environment; with DEMO_FAULT_ONCE_DIR each fires once."""
+
+    def __init__(self) -> None:
+        self.crash_at = c.env_int("DEMO_CRASH_AT", None)
+        self.stall_at = c.env_int("DEMO_STALL_AT", None)
+        self.die_mid_save_at = c.env_int("DEMO_DIE_MID_SAVE_AT", None)
+        self.hang_on_start = c.env_flag("DEMO_HANG_ON_START")
+        self.leak_leases = c.env_flag("DEMO_LEAK_LEASES")
+        self.once_dir = os.environ.get("DEMO_FAULT_ONCE_DIR") or None
+
+    def fire(self, name: str) -> bool:
+        """True when fault `name` should fire now (and, once-only, marks it fired)."""
+        if not self.once_dir:
+            return True
+        marker = Path(self.once_dir) / name
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            with open(marker, "x") as f:
+                f.write(f"{os.getpid()}\n")
+        except FileExistsError:
+            return False
+        return True
+
+
+def stall_forever(what: str) -> None:
+    log(f"[demo fault] {what}: alive, making no progress")
+    while True:
+        time.sleep(3600)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
+    """Write `iter_N/` in Megatron's order, each file fsynced; return the weights digest."""
+    ckpt_bytes = c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0
+    shards = max(1, c.env_int("DEMO_CKPT_SHARDS", 1) or 1)
+    hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
+    d = save / c.iter_dir_name(iteration)
+    d.mkdir(parents=True, exist_ok=True)
+    common = {"format": "shoprld-demo-common-v1 (stand-in for a torch pickle)",
+              "iteration": iteration, "seed": seed, "hf_bytes": hf_bytes}
+    c.write_fsync(d / "common.pt", c.canonical_json(common).encode())
+    records: dict[str, Any] = {}
+    for rank in range(shards):
+        name = f"__{rank}_0.distcp"
+        size = ckpt_bytes // shards + (1 if rank < ckpt_bytes % shards else 0)
+        h = hashlib.sha256()
+
+        def stream(rank: int = rank, size: int = size, h: Any = h) -> Any:
+            for chunk in c.det_stream(c.distcp_key(iteration, seed, rank), size):
+                h.update(chunk)
+                yield chunk
+
+        c.write_fsync(d / name, stream())
+        records[name] = {"size": size, "sha256": h.hexdigest()}
+    if faults and faults.die_mid_save_at == iteration and faults.fire("die_mid_save"):
+        log(f"[demo fault] dying in the middle of the save of iteration {iteration}")
+        os._exit(1)
+    dcp = {"format": "shoprld-demo-dcp-v1 (stand-in for torch DCP metadata)",
+           "iteration": iteration, "shards": records}
+    c.write_fsync(d / ".metadata", c.canonical_json(dcp).encode())
+    c.write_fsync(d / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
+    c.fsync_dir(d)
+    c.fsync_dir(save)
+    # Megatron writes the tracker last, with a plain (non-atomic) write.
+    with open(save / c.TRACKER, "w") as f:
+        f.write(str(iteration))
+    return c.load_checkpoint(d)["weights_digest"]
+
+
+def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+    save = Path(args.save)
+    log(f"saving checkpoint iter {iteration} to {save}")
+    digest = write_checkpoint(save, iteration, args.seed, faults)
+    log(f"saved checkpoint iter {iteration}")
+    if args.save_hf:
+        hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
+        c.write_hf_dir(args.save_hf, digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
+        log(f"saved hf checkpoint iter {iteration} to {args.save_hf}")
+    state = {"format": "shoprld-demo-dataset-state-v1", "rollout_id": iteration, "epoch": 0,
+             "sample_offset": (iteration + 1) * 16}
+    (save / "rollout").mkdir(exist_ok=True)
+    c.write_fsync(save / "rollout" / f"global_dataset_state_dict_{iteration}.pt", c.canonical_json(state).encode())
+
+
+# ---------------------------------------------------------------- rollouts
+
+class Rollouts:
+    """One rollout = a few GRPO groups, each one ShopSim episode, run concurrently."""
+
+    def __init__(self, cfg: dict[str, Any], seed: int):
+        self.url = (cfg.get("shopsim_environment_base_url") or cfg.get("shopsim_url") or "").rstrip("/")
+        self.concurrency = int(cfg.get("shopsim_episode_concurrency") or cfg.get("episode_concurrency") or 4)
+        self.timeout = float(cfg.get("shopsim_environment_timeout") or 30)
+        self.round_id = str(cfg.get("round_id") or "round-000")
+        out = cfg.get("shopsim_training_output_dir")
+        root = cfg.get("project_root")
+        self.out_dir = Path(out) / self.round_id if out else (Path(root) / "runs" / "slime-training" / self.round_id if root else None)
+        self.seed = int(cfg.get("seed") or seed)
+        self.fraction = c.env_float("DEMO_TRIAGE_FRACTION", 0.25)
+        self.failed_in_a_row = 0
+
+    def shop(self, payload: dict[str, Any]) -> dict[str, Any]:
+        status, body = c.http_json("POST", self.url + "/api/shop_agent", payload, timeout=self.timeout)
+        result = (body or {}).get("result") if isinstance(body, dict) else None
+        if status != 200 or not isinstance(result, dict):
+            err = result.get("error") if isinstance(result, dict) else body
+            raise RuntimeError(f"ShopSim {payload.get('action')} -> HTTP {status}: {err}")
+        return result
+
+    def episode(self, group: int, leak: bool) -> dict[str, Any]:
+        task = int(c.unit("train-task", self.seed, self.round_id, group) * 500)  # train split: 0..499
+        lease = self.shop({"action": "reset", "idx": task})
+        slot, lease_id = lease["env_idx"], lease["lease_id"]
+        if leak:
+            return {"group": group, "task_id": task, "leaked": {"env_idx": slot, "lease_id": lease_id}}
+        try:
+            action = f"click[item-{hashlib.sha256(f'{self.seed}:{group}'.encode()).hexdigest()[:8]}]"
+            step = self.shop({"action": "interact", "env_idx": slot, "lease_id": lease_id, "response": f"Action: {action}"})
+            final = self.shop({"action": "terminate", "env_idx": slot, "lease_id": lease_id})
+            return {"group": group, "task_id": task, "action": action, "done": step["done"],
+                    "reward": final["reward"], "reward_detail": final["reward_detail"]}
+        finally:
+            self.shop({"action": "release_one", "env_idx": slot, "lease_id": lease_id})
+
+    def run(self, rollout_id: int, leak: bool) -> list[dict[str, Any]]:
+        groups = [rollout_id * self.concurrency + k for k in range(self.concurrency)]
+        if not self.url:
+            return []
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            futures = [pool.submit(self.episode, g, leak) for g in groups]
+            results = []
+            for g, fut in zip(groups, futures):
+                try:
+                    results.append(fut.result())
+                    self.failed_in_a_row = 0
+                except Exception as exc:
+                    self.failed_in_a_row += 1
+                    log(f"group {g}: unscored ({exc})")
+                    if self.failed_in_a_row >= MAX_FAILED_GROUPS:
+                        raise c.DemoError(f"{MAX_FAILED_GROUPS} consecutive unscored groups; "
+                                          f"is ShopSim at {self.url} up? ({exc})") from None
+        return results
+
+    def record(self, rollout_id: int, results: list[dict[str, Any]]) -> None:
+        if self.out_dir is None:
+            return
+        for r in results:
+            gdir = self.out_dir / f"group-{r['group']:09d}"
+            gdir.mkdir(parents=True, exist_ok=True)
+            pending = c.unit("triage", self.seed, self.round_id, r["group"]) < self.fraction
+            status = "full_skill_failure_pending_analysis" if pending else "scored"
+            c.atomic_write_json(gdir / "rollout-0.json", {"rollout_id": rollout_id, "sample_index": 0, **r})
+            triage: dict[str, Any] = {"group_id": r["group"], "rollout_id": rollout_id, "round_id": self.round_id,
+                                      "task_id": r["task_id"], "classification": status, "status": status,
+                                      "reward": r.get("reward")}
+            if pending:
+                retry = {"episode_id": f"{self.round_id}-group-{r['group']:09d}-retry", "status": "completed",
+                         "task_id": r["task_id"], "final": {"done": True, "reward": 0.0, "reward_detail": {"r_success": 0.0}}}
+                c.atomic_write_json(gdir / "full-skill-retry.json", retry)
+                triage["full_skill_retry"] = {"episode_id": retry["episode_id"], "trace_path": str(gdir / "full-skill-retry.json")}
+            c.atomic_write_json(gdir / "triage.json", triage)
+
+
+def init_base(out: str, seed: int) -> int:
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(d, 0, seed, None)
+    log(f"wrote converted base model (iteration 0, tracker 0) to {d}")
+    return 0
+
+
+def check_wandb(args: argparse.Namespace) -> None:
+    if not args.use_wandb or args.wandb_mode == "disabled":
+        return
+    if not os.environ.get("WANDB_API_KEY"):
+        raise c.DemoError("WANDB_API_KEY is not set (W&B enabled)", 2)
+    log(f"wandb: mode={args.wandb_mode} project={args.wandb_project} group={args.wandb_group} (key from environment)")
+    if args.wandb_mode == "offline" and args.wandb_dir:
+        run = Path(args.wandb_dir) / "wandb" / f"offline-run-demo-{args.wandb_group or 'nogroup'}"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "README").write_text("shoprld demo stand-in: offline W&B run marker\n")
+
+
+def main() -> int:
+    args, extra = parse_args(sys.argv[1:])
+    if args.init_base:
+        return init_base(args.init_base, args.seed)
+    for flag in ("save", "num_rollout"):
+        if getattr(args, flag) is None:
+            raise c.DemoError(f"--{flag.replace('_', '-')} is required", 2)
+    faults = Faults()
+    if faults.hang_on_start and faults.fire("hang_on_start"):
+        stall_forever("hang on start (DEMO_HANG_ON_START=1)")
+    check_wandb(args)
+    log(f"argv: {' '.join(sys.argv[1:])}")
+    if extra:
+        log(f"accepted slime flags (recorded, not used): {' '.join(extra)}")
+    tracker = c.read_tracker(args.load) if args.load else None
+    start = 0 if tracker is None else tracker + 1
+    end = args.num_rollout
+    log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
+    cfg = c.read_json(args.custom_config_path, "custom config") if args.custom_config_path else {}
+    rollouts = Rollouts(cfg, args.seed)
+    step_s = c.env_float("DEMO_STEP_SECONDS", 0.05)
+    for rollout_id in range(start, end):
+        t0 = time.monotonic()
+        if faults.crash_at == rollout_id and faults.fire("crash_at"):
+            if faults.leak_leases:
+                rollouts.run(rollout_id, leak=True)
+                log("[demo fault] leased ShopSim slots that will never be released")
+            log(f"[demo fault] crashing at rollout {rollout_id}")
+            os._exit(1)
+        if faults.stall_at == rollout_id and faults.fire("stall_at"):
+            stall_forever(f"stall at rollout {rollout_id}")
+        results = rollouts.run(rollout_id, leak=False)
+        time.sleep(step_s)
+        rollouts.record(rollout_id, results)
+        rewards = [r["reward"] for r in results if "reward" in r]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        log(f"rollout {rollout_id}/{end - 1} step_time={time.monotonic() - t0:.3f} reward={mean:.4f}")
+        if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
+            save_all(args, rollout_id, faults)
+        if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
+                and faults.fire("leak_leases")):
+            rollouts.run(rollout_id, leak=True)
+            log("[demo fault] exiting without releasing leased ShopSim slots")
+            return 0
+    log(f"training finished: {max(0, end - start)} rollout(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    c.run_main(PROG, main)

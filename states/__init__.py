@@ -1,0 +1,1 @@
+"""One module per campaign state, all the same shape (see base.py)."""

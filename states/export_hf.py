@@ -1,0 +1,77 @@
+"""EXPORT_HF: the one HF dir the val server reads holds THIS round's weights, verified.
+
+The seed's route (``export.mode = "save_hf"``): slime wrote the HF safetensors at its
+final save; verify the index covers the shards, the headers parse, the sizes match, and
+the files are not older than this round's checkpoint. The converter route
+(``"convert"``, or the fallback when the save_hf dir is stale or torn and a converter
+command is configured): convert ``iter_N`` into a temp dir on the same volume, verify,
+then swap it in atomically, so a half-written export is never served.
+A manifest (``artifacts/export/<round>.json``) records the iteration and the file sizes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon import hfexport
+from shoprld.daemon.machine import State
+from shoprld.daemon.store import atomic_write_json
+
+from .base import Outcome, RoundContext
+
+STATE = State.EXPORT_HF
+ADOPTS: tuple[str, ...] = ()
+
+
+def _commit_time(ctx: RoundContext) -> float | None:
+    c = ckpt.scan(ctx.layout.save_dir).get(ctx.end_iteration)
+    if c is None or not c.complete:
+        return None
+    common = Path(c.path) / "common.pt"
+    return common.stat().st_mtime if common.exists() else c.committed_at
+
+
+def completed(ctx: RoundContext) -> bool:
+    """The manifest names this round's iteration and the dir still matches it."""
+    rec = ctx.read_record("export")
+    if not rec or rec.get("iteration") != ctx.end_iteration:
+        return False
+    check = hfexport.verify(ctx.hf_dir)
+    return check.ok and check.files == rec.get("files")
+
+
+async def run(ctx: RoundContext) -> Outcome:
+    spec = ctx.cfg.export
+    not_before = _commit_time(ctx)
+    if not_before is None:
+        return Outcome.fail(f"{ctx.layout.save_dir}: iter_{ctx.end_iteration:07d} is not complete; TRAIN must rerun")
+    check = hfexport.verify(ctx.hf_dir, not_before=not_before) if spec.mode == "save_hf" else None
+    if check is None or not check.ok:
+        if check is not None:
+            ctx.emit("export.save_hf_invalid", detail=check.detail)
+        if not spec.command:
+            return Outcome.retry(f"HF export invalid: {check.detail if check else 'no converter'}; "
+                                 "fix: configure export.command (slime's converter) or rerun TRAIN's save")
+        tmp = Path(ctx.values()["hf_tmp_dir"])
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        await ctx.run_tool("exporter", spec.command, spec, state=STATE)
+        converted = hfexport.verify(tmp)
+        if not converted.ok:
+            return Outcome.retry(f"converter output invalid: {converted.detail}")
+        hfexport.swap_in(tmp, ctx.hf_dir)
+        check = hfexport.verify(ctx.hf_dir)
+        if not check.ok:
+            return Outcome.retry(f"HF export invalid after the swap: {check.detail}")
+        route = "convert"
+    else:
+        route = "save_hf"
+    rec = {"round": ctx.round, "round_id": ctx.round_id, "iteration": ctx.end_iteration, "route": route,
+           "hf_dir": str(ctx.hf_dir), "files": check.files}
+    ctx.record_path("export").parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(ctx.record_path("export"), rec)
+    ctx.emit("export.verified", iteration=ctx.end_iteration, route=route, detail=check.detail)
+    return Outcome.done(check.detail)

@@ -1,0 +1,98 @@
+"""GATE: the compiled candidate pool plus the random-masked gate give a decision on disk.
+
+Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the compile is
+overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts; a
+``failed`` status means a fallback pool of the current skills. ``online-gate`` runs on
+the same frozen val server and writes ``online_gate_manifest.json`` (``complete`` or
+``incomplete``). The configured policy says what an incomplete gate means: ``continue``
+without new skills (the seed's), ``retry`` the gate, or ``stop`` the campaign (exit 5).
+Then the val server's whole process group is stopped, because training needs its GPUs
+(or parked, with ``val.reuse_server``). The decision is recorded in
+``artifacts/gate/<round>.json``, which is what INJECT and the ledger read.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+
+from shoprld.daemon.machine import State
+from shoprld.daemon.store import atomic_write_json
+
+from .base import Outcome, RoundContext, read_json
+
+STATE = State.GATE
+ADOPTS: tuple[str, ...] = ("analyze", "gate", "val_server")
+
+
+def completed(ctx: RoundContext) -> bool:
+    """A gate decision record exists for this round."""
+    rec = ctx.read_record("gate")
+    return bool(rec) and rec.get("decision") in ("complete", "incomplete")
+
+
+async def run(ctx: RoundContext) -> Outcome:
+    cfg = ctx.cfg.gate
+    analysis_dir = ctx.runs / f"{ctx.round_id}-online-analysis"
+    gate_dir = ctx.runs / f"{ctx.round_id}-online-gate"
+    if cfg.analyze_command:
+        running = ctx.find_child("analyze")
+        if running is not None:
+            with anyio.fail_after(cfg.timeout or None):
+                await running.wait()
+            ctx.unregister_child(running)
+        if not (analysis_dir / "analysis_summary.json").is_file():
+            await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
+                               secrets=cfg.analyze_secrets or cfg.secrets)
+    analysis = read_json(analysis_dir / "analysis_summary.json") if cfg.analyze_command else {"status": "skipped"}
+    if analysis is None:
+        return Outcome.retry(f"{analysis_dir / 'analysis_summary.json'}: not written by analyze")
+    if analysis.get("status") == "failed":
+        ctx.emit("analysis.failed", detail=analysis.get("error") or analysis.get("reason"),
+                 note="fallback pool: current skills only")
+    problem = await ctx.val_server.ensure_ready(ctx)
+    if problem:
+        return Outcome.retry(problem)
+    await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
+    manifest = read_json(gate_dir / "online_gate_manifest.json")
+    if manifest is None or manifest.get("status") not in ("complete", "incomplete"):
+        return Outcome.retry(f"{gate_dir / 'online_gate_manifest.json'}: missing or without a status")
+    decision = str(manifest["status"])
+    selected = gate_dir / "selected_skillbank.json"
+    if decision == "complete" and not selected.is_file():
+        return Outcome.retry(f"gate complete but {selected} is missing")
+    if decision == "incomplete" and cfg.policy == "retry" and ctx.attempt <= cfg.retries:
+        _archive(gate_dir)
+        return Outcome.retry("gate incomplete; policy retry")
+    rec = {
+        "round": ctx.round, "round_id": ctx.round_id, "decision": decision, "policy": cfg.policy,
+        "selected_skillbank": str(selected) if decision == "complete" else None,
+        "analysis_status": analysis.get("status"),
+        "proposal_ledger": _first_existing(gate_dir / "proposal_ledger.jsonl", analysis_dir / "proposal_ledger.jsonl"),
+    }
+    ctx.record_path("gate").parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(ctx.record_path("gate"), rec)
+    ctx.emit("gate.decision", decision=decision, policy=cfg.policy)
+    await ctx.val_server.after_gate(ctx)
+    if decision == "incomplete" and cfg.policy == "stop":
+        return Outcome("gate_stop", f"gate incomplete for {ctx.round_id}; gate.policy = stop "
+                       "(run again to continue with the current SkillBank)")
+    return Outcome.done(f"gate {decision}")
+
+
+def _first_existing(*paths: os.PathLike[str]) -> str | None:
+    for p in paths:
+        if os.path.exists(p):
+            return os.fspath(p)
+    return None
+
+
+def _archive(gate_dir: os.PathLike[str]) -> None:
+    src = os.fspath(gate_dir)
+    if not os.path.exists(src):
+        return
+    n = 1
+    while os.path.exists(f"{src}.archived-{n}"):
+        n += 1
+    os.rename(src, f"{src}.archived-{n}")

@@ -1,0 +1,72 @@
+"""NEXT_ROUND: the round's ledger row is written, and checkpoint retention applied.
+
+The ledger row (one per round, never duplicated across crashes) is the durable "this
+round is done" mark: on start, the current round is the first without one. Retention
+keeps the newest complete checkpoint of this round (its final one, which the next
+round's ``--load`` resumes from) and the final checkpoint of the previous round; older
+complete ones in this campaign's save dir are deleted, each logged with its size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon.ledger import Ledger, git_info, make_row
+from shoprld.daemon.machine import State
+
+from .base import Outcome, RoundContext, read_json
+
+STATE = State.NEXT_ROUND
+ADOPTS: tuple[str, ...] = ()
+
+
+def ledger(ctx: RoundContext) -> Ledger:
+    return Ledger(ctx.layout.ledger, overflow_dir=ctx.layout.campaign_root / "ledger", redact=ctx.secrets.redact)
+
+
+def completed(ctx: RoundContext) -> bool:
+    """The ledger has this round's row."""
+    return ledger(ctx).has_round(ctx.round)
+
+
+async def run(ctx: RoundContext) -> Outcome:
+    lay = ctx.layout
+    summary = read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
+    primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
+    gate = ctx.read_record("gate") or {}
+    inject = ctx.read_record("inject") or {}
+    started = ctx.read_record("round") or {}
+    elapsed = (ctx.clock.time() - float(started["started_at"])) / 60 if started.get("started_at") else ""
+    git = git_info(lay.repo)
+    checkpoint = lay.save_dir / f"iter_{ctx.end_iteration:07d}"
+    row = make_row(
+        index=ctx.round, branch=git["branch"], parent_commit=git["parent_commit"], commit=git["commit"],
+        recipe=str(ctx.cfg.source), metric_name="success_rate",
+        metric_value=primary.get("success_rate", "") if primary else "",
+        memory_gb="", elapsed_min=f"{elapsed:.1f}" if elapsed != "" else "",
+        launcher=ctx.cfg.train.launcher, job_id=str(started.get("job_id", "")),
+        command=" ".join(ctx.argv(ctx.cfg.train.command)), log_path=str(ctx.log_path(State.TRAIN)),
+        status="keep" if inject.get("branch") == "selected" else "discard",
+        description=f"{ctx.round_id}: gate {gate.get('decision', '?')}, skillbank {inject.get('branch', '?')}"
+        f", reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
+        exp_dir=str(lay.exp_dir), checkpoint_path=str(checkpoint), artifacts_path=str(lay.artifacts),
+        cache_root=str(lay.cache_root),
+    )
+    ledger(ctx).append(row)
+    _retention(ctx)
+    return Outcome.done("round recorded")
+
+
+def _retention(ctx: RoundContext) -> None:
+    """Keep this round's newest complete checkpoint and the previous round's final one."""
+    scan = ckpt.scan(ctx.layout.save_dir)
+    keep = {ctx.end_iteration}
+    if ctx.round > 0:
+        keep.add(ctx.mapping.end_iteration(ctx.round - 1))
+    doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=False)
+    if doomed:
+        freed = ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)
+        ctx.emit("retention.applied", deleted=[c.iteration for c in doomed], bytes=freed)
+
+

@@ -1,0 +1,213 @@
+"""TRAIN: slime runs until this round's end iteration is a complete checkpoint on disk.
+
+Steps 2-6 of the seed's round: emit the round configs, (check them,) start the Failure
+Analyst sidecar, run slime with ``--load`` on the one save dir and ``--num-rollout`` =
+this round's end + 1 (an absolute id: slime resumes at tracker+1 by itself), then prune
+partial saves and stop the sidecar with the stop-file protocol, waiting for its drain.
+
+While slime runs, the stage follows its progress lines and detects a stall: alive but
+no step for k x the median step time (at least ``train.stall_min``). By policy a stalled
+trainer is restarted from its last checkpoint. A trainer left running by a crashed
+daemon is adopted, never duplicated. Done is judged from the disk, never the exit code.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import anyio
+
+from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon.machine import State
+from shoprld.daemon.processes import Child
+
+from .base import Outcome, RoundContext
+
+STATE = State.TRAIN
+ADOPTS: tuple[str, ...] = ("trainer", "sidecar")
+
+_ENOSPC = re.compile(r"No space left on device|ENOSPC|Disk quota exceeded|errno 28", re.IGNORECASE)
+
+
+def completed(ctx: RoundContext) -> bool:
+    """The tracker reached this round's end iteration and that checkpoint is complete."""
+    scan = ckpt.scan(ctx.layout.save_dir)
+    latest = scan.latest_complete
+    end = scan.get(ctx.end_iteration)
+    return latest is not None and latest.iteration >= ctx.end_iteration and end is not None and end.complete
+
+
+async def run(ctx: RoundContext) -> Outcome:
+    cfg = ctx.cfg
+    if cfg.train.emit_command:
+        await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
+        if not (ctx.loop_dir / "slime.yaml").is_file():
+            return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
+    if cfg.train.check_command:
+        await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
+        verdict = _last_json_line(ctx.log_path(STATE))
+        if not verdict or verdict.get("status") != "ready":
+            return Outcome.fail(f"train.check_command did not report ready: {verdict or 'no JSON status line'}; "
+                                f"see {ctx.log_path(STATE)}")
+    sidecar = await _start_sidecar(ctx)
+    trainer = ctx.find_child("trainer")
+    if trainer is None:
+        problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
+        if problem:
+            return Outcome.retry(problem)
+        trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
+    before = ckpt.scan(ctx.layout.save_dir).latest_complete
+    try:
+        stalled = await _follow(ctx, trainer)
+    finally:
+        if trainer.alive():
+            await trainer.stop(cfg.train.grace)
+        ctx.unregister_child(trainer)
+    after = ckpt.scan(ctx.layout.save_dir).latest_complete
+    progressed = after is not None and (before is None or after.iteration > before.iteration)
+    if stalled:
+        return Outcome.retry(stalled, progressed=progressed, stall=True)
+    if completed(ctx):
+        _prune_partials(ctx)
+        await _stop_sidecar(ctx, sidecar)
+        return Outcome.done(f"iter_{ctx.end_iteration:07d} complete", progressed=True)
+    tail = _tail(ctx.log_path(STATE))
+    if _ENOSPC.search(tail):
+        return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})", {"progressed": progressed})
+    return Outcome.retry(
+        f"trainer exited (status {trainer.returncode}) before iter_{ctx.end_iteration:07d} was complete; "
+        f"see {ctx.log_path(STATE)}", progressed=progressed)
+
+
+async def _start_sidecar(ctx: RoundContext) -> Child | None:
+    spec = ctx.cfg.sidecar
+    if not spec.enabled or not spec.command:
+        return None
+    child = ctx.find_child("sidecar")
+    if child is not None:
+        return child
+    Path(ctx.values()["stop_file"]).unlink(missing_ok=True)
+    return await ctx.start("sidecar", spec.command, spec, state=STATE)
+
+
+async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
+    """The stop-file protocol: touch the file, wait for the drain, then the group stop."""
+    if child is None:
+        return
+    stop_file = Path(ctx.values()["stop_file"])
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.touch()
+    with anyio.move_on_after(ctx.cfg.sidecar.drain_timeout):
+        await child.wait()
+    if child.alive():
+        ctx.emit("sidecar.drain_timeout", pid=child.pid, timeout_s=ctx.cfg.sidecar.drain_timeout)
+        await child.stop(ctx.cfg.sidecar.grace)
+    ctx.unregister_child(child)
+    stop_file.unlink(missing_ok=True)
+    ctx.emit("sidecar.stopped", pid=child.pid)
+
+
+def _prune_partials(ctx: RoundContext) -> None:
+    """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
+    scan = ckpt.scan(ctx.layout.save_dir)
+    doomed = ckpt.retention_plan(scan, keep_iterations={c.iteration for c in scan.checkpoints if c.complete},
+                                 trainer_running=False)
+    if doomed:
+        ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)
+
+
+async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
+    """Follow the trainer's progress lines until it exits; return a stall message, or None."""
+    cfg = ctx.cfg.train
+    pattern = re.compile(cfg.progress_pattern)
+    log = ctx.log_path(STATE)
+    offset = log.stat().st_size if trainer.adopted and log.exists() else _offset_of_last_start(log)
+    start_iter = ctx.mapping.end_iteration(ctx.round - 1) if ctx.round > 0 else 0
+    step_times: list[float] = []
+    last_step_at = ctx.clock.monotonic()
+    last_id: int | None = None
+    done = anyio.Event()
+
+    async def waiter() -> None:
+        await trainer.wait()
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        while not done.is_set():
+            with anyio.move_on_after(0.25):
+                await done.wait()
+            offset, ids = _read_progress(log, offset, pattern)
+            now = ctx.clock.monotonic()
+            for rid in ids:
+                if last_id is not None and rid > last_id:
+                    step_times.append((now - last_step_at) / max(1, rid - last_id))
+                if last_id is None or rid > last_id:
+                    last_id, last_step_at = rid, now
+                    ctx.emit("train.progress", rollout=rid, step=max(0, rid - start_iter),
+                             step_seconds=statistics.median(step_times) if step_times else None)
+            # Before the first step slime loads the model and warms SGLang up, which takes
+            # longer than a step: allow stall_factor x stall_min for that.
+            limit = max(cfg.stall_factor * statistics.median(step_times), cfg.stall_min) if step_times \
+                else cfg.stall_factor * cfg.stall_min
+            idle = now - last_step_at
+            if not done.is_set() and idle > limit:
+                ctx.emit("train.stall", idle_s=round(idle, 3), limit_s=round(limit, 3), last_rollout=last_id,
+                         policy=cfg.stall_policy)
+                if cfg.stall_policy == "restart":
+                    tg.cancel_scope.cancel()
+                    return f"trainer stalled: no step for {idle:.1f}s (limit {limit:.1f}s); restarting from the last checkpoint"
+                last_step_at = now  # alert only: raise it once per limit
+    return None
+
+
+def _offset_of_last_start(log: Path) -> int:
+    """Progress counts only from this launch's header line on."""
+    try:
+        data = log.read_bytes()
+    except FileNotFoundError:
+        return 0
+    i = data.rfind(b"=== shoprld ")
+    return max(0, i)
+
+
+def _read_progress(log: Path, offset: int, pattern: re.Pattern[str]) -> tuple[int, list[int]]:
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return offset, []
+    end = chunk.rfind(b"\n") + 1  # only whole lines
+    ids = [int(m.group(1)) for m in pattern.finditer(chunk[:end].decode(errors="replace"))]
+    return offset + end, ids
+
+
+def _tail(log: Path, n: int = 16384) -> str:
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - n))
+            return fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _last_json_line(log: Path) -> dict[str, object] | None:
+    import json
+
+    for line in reversed(_tail(log).splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
+
+

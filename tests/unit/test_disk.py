@@ -1,0 +1,415 @@
+"""shoprld.daemon.disk: the logic that needs no mounts (forecast, limits, guard, ENOSPC text,
+preflight lines, the monitor through its sampler seam, reclaim confinement)."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from shoprld.daemon import disk
+from shoprld.daemon.disk import (
+    DiskSample,
+    GiB,
+    Guard,
+    Level,
+    Limits,
+    PreflightProblem,
+    forecast,
+    is_enospc,
+    limits,
+    log_says_enospc,
+)
+from structlog.testing import capture_logs
+
+MiB = 1 << 20
+
+
+def smp(free: int, inodes: int = 10_000, *, read_only: bool = False) -> DiskSample:
+    """A synthetic sample, for the pure guard logic."""
+    return DiskSample(
+        path=Path("/vol"),
+        total_bytes=100 * MiB,
+        free_bytes=free,
+        avail_bytes=free,
+        inodes_total=20_000,
+        inodes_free=inodes,
+        read_only=read_only,
+        at=0.0,
+    )
+
+
+LIM = Limits(soft_bytes=8 * MiB, hard_bytes=4 * MiB, soft_inodes=2000, hard_inodes=1000)
+HYST = MiB
+
+
+# ---------------------------------------------------------------------------- forecast, limits
+
+
+def test_forecast_uses_measured_size_when_known() -> None:
+    """A measured checkpoint size wins over the estimate and is flagged as measured."""
+    f = forecast(last_checkpoint_bytes=53 * GiB, estimate_bytes=60 * GiB, keep=2, hf_bytes=8 * GiB, margin_bytes=GiB)
+    assert (f.checkpoint_bytes, f.measured) == (53 * GiB, True)
+    assert f.total == 53 * GiB * 2 + 8 * GiB + GiB
+
+
+@pytest.mark.parametrize("last", [None, 0])
+def test_forecast_falls_back_to_estimate(last: int | None) -> None:
+    """Before the first checkpoint (or with an empty measurement) the estimate is used."""
+    f = forecast(last_checkpoint_bytes=last, estimate_bytes=60 * GiB, hf_bytes=0, margin_bytes=0)
+    assert (f.checkpoint_bytes, f.keep, f.measured, f.total) == (60 * GiB, 2, False, 120 * GiB)
+
+
+def test_forecast_rejects_negative_inputs() -> None:
+    """Negative sizes are configuration errors."""
+    with pytest.raises(ValueError, match="margin_bytes"):
+        forecast(last_checkpoint_bytes=None, estimate_bytes=1, hf_bytes=0, margin_bytes=-1)
+
+
+def test_limits_default_to_ten_percent_on_a_big_volume() -> None:
+    """On a big volume hard is 10 % of it and soft is hard plus one checkpoint."""
+    lim = limits(4000 * GiB, 53 * GiB)
+    assert lim.hard_bytes == 400 * GiB
+    assert lim.soft_bytes == 453 * GiB
+    assert (lim.hard_inodes, lim.soft_inodes) == (1000, 2000)
+
+
+def test_limits_default_to_checkpoint_plus_one_gib_on_a_small_volume() -> None:
+    """When 10 % is less than a checkpoint + 1 GiB, the latter is the hard limit."""
+    lim = limits(100 * GiB, 53 * GiB)
+    assert lim.hard_bytes == 54 * GiB
+    assert lim.soft_bytes == 107 * GiB
+
+
+def test_limit_overrides_win() -> None:
+    """Overrides replace the derived limits; a hard override moves the derived soft with it."""
+    assert limits(20 * MiB, 2 * MiB, soft_override=8 * MiB, hard_override=4 * MiB) == Limits(
+        8 * MiB, 4 * MiB, 2000, 1000
+    )
+    assert limits(20 * MiB, 2 * MiB, hard_override=4 * MiB).soft_bytes == 6 * MiB
+    assert limits(20 * MiB, 2 * MiB, hard_override=4 * MiB, hard_inodes=10, soft_inodes=15).soft_inodes == 15
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"soft_override": 4 * MiB, "hard_override": 4 * MiB},
+        {"soft_override": 3 * MiB, "hard_override": 4 * MiB},
+        {"soft_override": MiB},  # below the default hard (checkpoint + 1 GiB)
+        {"hard_override": 4 * MiB, "hard_inodes": 10, "soft_inodes": 10},
+    ],
+)
+def test_limits_reject_soft_not_above_hard(kwargs: dict[str, int]) -> None:
+    """soft <= hard, in bytes or in inodes, is a ValueError."""
+    with pytest.raises(ValueError, match="soft"):
+        limits(20 * MiB, 2 * MiB, **kwargs)
+
+
+# ---------------------------------------------------------------------------- guard
+
+
+def test_guard_flapping_around_soft_changes_once() -> None:
+    """A value flapping just around soft enters SOFT once and stays there."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    changes = [g.observe(smp(LIM.soft_bytes + d)) for d in (-1, 1, -1, HYST, -1, HYST // 2, 1, -1)]
+    assert changes == [Level.SOFT] + [None] * 7
+    assert g.observe(smp(LIM.soft_bytes + HYST + 1)) is Level.OK
+    assert g.level is Level.OK and g.reason == ""
+
+
+def test_guard_enters_hard_at_once_from_ok() -> None:
+    """One sample below hard goes straight to HARD, with no debounce and no SOFT first."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    assert g.observe(smp(100 * MiB)) is None
+    assert g.observe(smp(LIM.hard_bytes - 1)) is Level.HARD
+    assert "hard limit" in g.reason
+
+
+def test_guard_leaves_hard_only_above_hard_plus_hysteresis() -> None:
+    """HARD holds up to hard + hysteresis, then yields to SOFT, then OK past soft + hysteresis."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    g.observe(smp(0))
+    assert g.observe(smp(LIM.hard_bytes + 1)) is None
+    assert g.observe(smp(LIM.hard_bytes + HYST)) is None
+    assert g.observe(smp(LIM.hard_bytes + HYST + 1)) is Level.SOFT
+    assert g.observe(smp(LIM.soft_bytes + HYST)) is None
+    assert g.observe(smp(LIM.soft_bytes + HYST + 1)) is Level.OK
+
+
+def test_guard_goes_from_hard_straight_to_ok_when_space_returns() -> None:
+    """Freeing a lot at once leaves HARD for OK in one change."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    g.observe(smp(0))
+    assert g.observe(smp(50 * MiB)) is Level.OK
+
+
+def test_guard_treats_inodes_like_bytes() -> None:
+    """Inodes below hard go HARD at once and need the inode hysteresis to leave."""
+    g = Guard(LIM, hysteresis_bytes=HYST, hysteresis_inodes=50)
+    assert g.observe(smp(50 * MiB, inodes=999)) is Level.HARD
+    assert "inodes" in g.reason
+    assert g.observe(smp(50 * MiB, inodes=1050)) is None
+    assert g.observe(smp(50 * MiB, inodes=1051)) is Level.SOFT
+    assert g.observe(smp(50 * MiB, inodes=2051)) is Level.OK
+
+
+def test_guard_counts_a_read_only_volume_as_hard() -> None:
+    """A volume that went read-only cannot take a save: HARD."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    assert g.observe(smp(50 * MiB, read_only=True)) is Level.HARD
+    assert "read-only" in g.reason
+
+
+def test_guard_force_hard_reports_a_change_once() -> None:
+    """Forcing HARD (an ENOSPC) is a change the first time only."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    assert g.force_hard("ENOSPC at /vol/x") is Level.HARD
+    assert g.force_hard("ENOSPC at /vol/y") is None
+    assert g.reason == "ENOSPC at /vol/y"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=12 * MiB), max_size=60))
+def test_guard_changes_only_across_the_full_band(frees: list[int]) -> None:
+    """Every change is justified by its sample: entries below a limit, exits beyond limit + hysteresis."""
+    g = Guard(LIM, hysteresis_bytes=HYST)
+    for free in frees:
+        before = g.level
+        change = g.observe(smp(free))
+        assert (change is None) == (g.level is before)
+        if change is Level.HARD:
+            assert free < LIM.hard_bytes
+        elif change is Level.SOFT and before is Level.OK:
+            assert LIM.hard_bytes <= free < LIM.soft_bytes
+        elif change is Level.SOFT:
+            assert LIM.hard_bytes + HYST < free <= LIM.soft_bytes + HYST
+        elif change is Level.OK:
+            assert free > LIM.soft_bytes + HYST
+
+
+# ---------------------------------------------------------------------------- ENOSPC recognition
+
+
+def test_is_enospc_is_false_for_other_errors() -> None:
+    """EACCES (or any non-space error) is not a full disk."""
+    assert not is_enospc(PermissionError(errno.EACCES, "Permission denied"))
+    assert not is_enospc(ValueError("no"))
+
+
+def test_is_enospc_accepts_enospc_and_edquot() -> None:
+    """ENOSPC and EDQUOT from a write both mean the write did not fit."""
+    assert is_enospc(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert is_enospc(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)))
+
+
+def test_is_enospc_ignores_inotify_watch_limit() -> None:
+    """watchdog's inotify watch-limit ENOSPC is not a full disk."""
+    assert not is_enospc(OSError(errno.ENOSPC, "inotify watch limit reached"))
+
+
+def test_is_enospc_looks_through_groups_and_causes() -> None:
+    """An ENOSPC inside a task-group ExceptionGroup or behind `raise from` is found."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert is_enospc(ExceptionGroup("tg", [ValueError("x"), ExceptionGroup("inner", [full])]))
+    try:
+        try:
+            raise full
+        except OSError as exc:
+            raise RuntimeError("save failed") from exc
+    except RuntimeError as wrapped:
+        assert is_enospc(wrapped)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "OSError: [Errno 28] No space left on device: '/ephemeral/x/iter_0000040/common.pt'",
+        "write error: ENOSPC",
+        "cp: error writing 'a': Disk quota exceeded",
+        "RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file "
+        "data/3: file write failed\nOSError: errno 28",
+        "Traceback...\n  File train.py\n[Errno 28] while saving",
+    ],
+)
+def test_log_says_enospc_recognises_disk_full(tail: str) -> None:
+    """The usual disk-full messages in a child's log tail are recognised."""
+    assert log_says_enospc(tail)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "OSError: [Errno 28] inotify watch limit reached",
+        "Error: ENOSPC: System limit for number of file watchers reached",
+        "RuntimeError: PytorchStreamWriter failed writing file data/3: file write failed",
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "",
+    ],
+)
+def test_log_says_enospc_rejects_other_failures(tail: str) -> None:
+    """The inotify limit, a torch write failure without errno 28, and OOMs are not disk-full."""
+    assert not log_says_enospc(tail)
+
+
+# ---------------------------------------------------------------------------- preflight lines, df
+
+
+def test_preflight_problem_is_one_line() -> None:
+    """A problem prints as one line `what: where (fix)`, even when a path holds a newline."""
+    p = PreflightProblem("ephemeral root is missing", "/eph\nemeral", "mount it")
+    assert p.line() == "ephemeral root is missing: /eph\\nemeral (mount it)"
+    assert "\n" not in p.line()
+
+
+def test_df_summary_has_a_row_per_path_and_aligned_columns(tmp_path: Path) -> None:
+    """df_summary prints a header and one aligned row per label, including a missing path."""
+    text = disk.df_summary({"repo": Path("/"), "volume": tmp_path / "missing"})
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert lines[0].split()[:3] == ["LABEL", "FILESYSTEM", "SIZE"]
+    assert lines[1].startswith("repo ") and lines[1].endswith(" /")
+    assert "No such file or directory" in lines[2]
+    pct_end = lines[0].index("USE%") + len("USE%") - 1
+    assert lines[1][pct_end] == "%"  # right-aligned numeric columns line up under the header
+
+
+# ---------------------------------------------------------------------------- monitor (sampler seam)
+
+
+class FakeVolume:
+    """The sampler seam: a volume whose free bytes the test sets, and which can fail once."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.fail_next = False
+        self.calls = 0
+
+    def __call__(self, path: Path) -> DiskSample:
+        self.calls += 1
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(errno.EIO, "Input/output error")
+        return DiskSample(path, 100 * MiB, self.free, self.free, 20_000, 10_000, False, float(self.calls))
+
+
+class Events:
+    """Collects emitted events and lets a test wait for one by name."""
+
+    def __init__(self) -> None:
+        self.all: list[dict[str, Any]] = []
+        self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
+
+    async def emit(self, ev: dict[str, Any]) -> None:
+        self.all.append(ev)
+        await self._send.send(ev)
+
+    async def wait_for(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            async for ev in self._recv:
+                if ev["event"] == name:
+                    return ev
+        raise AssertionError("stream closed")
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.all]
+
+
+def monitor_args(ev: Events) -> tuple[Path, Guard, disk.Emit]:
+    """Positional arguments for disk.monitor on the fake volume."""
+    return Path("/vol"), Guard(LIM, hysteresis_bytes=HYST), ev.emit
+
+
+@pytest.mark.anyio
+async def test_monitor_start_hands_back_after_first_sample() -> None:
+    """tg.start(monitor, ...) returns the Monitor once the first sample is taken and emitted."""
+    vol, ev = FakeVolume(50 * MiB), Events()
+    async with anyio.create_task_group() as tg:
+        mon = await tg.start(partial(disk.monitor, sampler=vol), *monitor_args(ev))
+        assert isinstance(mon, disk.Monitor)
+        assert mon.last is not None and mon.last.free_bytes == 50 * MiB
+        assert ev.names() == ["disk.sample"]
+        assert ev.all[0]["soft_limit_bytes"] == LIM.soft_bytes
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_monitor_poke_samples_now_and_emits_the_change() -> None:
+    """With an hour-long interval, poke() alone brings the hard-limit event."""
+    vol, ev = FakeVolume(50 * MiB), Events()
+    async with anyio.create_task_group() as tg:
+        mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+        vol.free = MiB
+        mon.poke()
+        hard = await ev.wait_for("disk.hard_limit")
+        assert (hard["free_bytes"], hard["level"], hard["hard_limit_bytes"]) == (MiB, "hard", LIM.hard_bytes)
+        assert ev.names() == ["disk.sample", "disk.hard_limit"]  # a poke emits no disk.sample
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_monitor_report_enospc_is_a_hard_limit_even_with_free_space() -> None:
+    """An ENOSPC reported by the engine is a hard-limit event; the next sample may clear it."""
+    vol, ev = FakeVolume(50 * MiB), Events()
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+            mon.report_enospc("/vol/exp/checkpoints/iter_0000040")
+            hard = await ev.wait_for("disk.hard_limit")
+            assert hard["reason"] == "ENOSPC at /vol/exp/checkpoints/iter_0000040"
+            mon.poke()
+            await ev.wait_for("disk.ok")
+            tg.cancel_scope.cancel()
+    assert [e["event"] for e in logs if e["event"].startswith("disk.")] == ["disk.hard_limit", "disk.ok"]
+
+
+@pytest.mark.anyio
+async def test_monitor_survives_a_failing_sampler() -> None:
+    """A sampler OSError is logged as disk.sample_failed and the monitor keeps going."""
+    vol, ev = FakeVolume(50 * MiB), Events()
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+            vol.fail_next = True
+            mon.poke()
+            vol.free = 0
+            with anyio.fail_after(5):
+                while vol.calls < 2:
+                    await anyio.sleep(0.01)
+            mon.poke()
+            await ev.wait_for("disk.hard_limit")
+            tg.cancel_scope.cancel()
+    assert any(e["event"] == "disk.sample_failed" and e["errno"] == errno.EIO for e in logs)
+
+
+def test_monitor_rejects_a_non_positive_interval() -> None:
+    """interval must be positive: a zero interval would be a busy loop."""
+    with pytest.raises(ValueError, match="interval"):
+        disk.Monitor(Path("/vol"), Guard(LIM, hysteresis_bytes=HYST), Events().emit, interval=0)
+
+
+# ---------------------------------------------------------------------------- reclaim confinement
+
+
+def test_clear_dir_contents_refuses_outside_within(tmp_path: Path) -> None:
+    """A dir that is not strictly inside `within` (itself, outside, or via a symlink) is refused."""
+    camp, other = tmp_path / "campaign", tmp_path / "shared-cache"
+    (camp / "exp" / "tmp").mkdir(parents=True)
+    other.mkdir()
+    (other / "keep").write_text("x")
+    (camp / "exp" / "sneaky").symlink_to(other)
+    for d in (camp, other, camp / "exp" / "sneaky", camp / ".." / "shared-cache"):
+        with pytest.raises(ValueError, match="refusing"):
+            disk.clear_dir_contents(d, within=camp)
+    assert (other / "keep").exists()
+
+
+def test_clear_dir_contents_of_a_missing_dir_frees_nothing(tmp_path: Path) -> None:
+    """A campaign tmp dir that was never created frees 0 bytes and is fine."""
+    assert disk.clear_dir_contents(tmp_path / "exp" / "tmp", within=tmp_path) == 0
+    assert disk.reclaimable_tmp(tmp_path / "exp" / "tmp") == 0

@@ -1,0 +1,423 @@
+"""``shoprld status``: the JSON contract, liveness, the human view, --watch, import hygiene."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shoprld.daemon import status
+from shoprld.daemon.errors import ConfigError
+from shoprld.daemon.store import PID_FILE, STATUS_FILE
+
+SCHEMA = json.loads(status.SCHEMA_FILE.read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+NOW = 1_800_000_000.0
+HEAVY = ("pydantic", "structlog", "httpx", "anyio", "rich")
+
+# A child that takes the campaign lock exactly as the daemon does, then waits for stdin to close.
+HOLDER = """
+import sys
+from pathlib import Path
+from shoprld.daemon.store import Store
+Store(Path(sys.argv[1])).acquire_lock()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def snapshot(now: float = NOW, **over: Any) -> dict[str, Any]:
+    """A realistic mid-campaign snapshot: round 3/5, TRAIN step 12/20, two rounds done."""
+    snap: dict[str, Any] = {
+        "campaign": "demo", "experiment": "qwen35-4b", "state": "TRAIN", "round": 2, "rounds": 5,
+        "step": 12, "steps_per_round": 20, "step_seconds": 41.2, "eta_seconds": 329.6,
+        "daemon": {"pid": 4242, "started_at": now - 7380},
+        "last_checkpoint": {"iteration": 59, "path": "/ephemeral/demo/checkpoints/megatron/iter_0000059",
+                            "complete": True, "bytes": 56_800_000_000, "committed_at": now - 125},
+        "disk": {"path": "/ephemeral", "total_bytes": 2 * 1024**4, "free_bytes": 612 * 1024**3,
+                 "soft_limit_bytes": 64 * 1024**3, "hard_limit_bytes": 10 * 1024**3, "inodes_free": 12_300_000,
+                 "level": "ok", "sampled_at": now - 3},
+        "shopsim": {"url": "http://127.0.0.1:5700", "healthy": True, "free_slots": 16, "slots": 48,
+                    "checked_at": now - 4},
+        "children": [{"role": "shopsim", "pid": 4300, "started_at": now - 7300, "log": "/ephemeral/logs/shopsim.log"},
+                     {"role": "trainer", "pid": 5001, "started_at": now - 4320, "log": "/ephemeral/logs/r002-train.log"}],
+        "rounds_done": [
+            {"round": 0, "val": 0.412, "metric_name": "success_rate", "gate": "complete", "branch": "selected",
+             "duration_seconds": 7080.0},
+            {"round": 1, "val": 0.4375, "metric_name": "success_rate", "gate": "incomplete", "branch": "kept",
+             "duration_seconds": 6950.0},
+        ],
+        "last_error": None, "stop_reason": None, "deadline": now + 22_320,
+        "stop_conditions": {"rounds_done": 2, "rounds": 5, "deadline": now + 22_320},
+        "warnings": [], "updated_at": now - 1,
+    }
+    snap.update(over)
+    return snap
+
+
+@pytest.fixture
+def campaign(tmp_path: Path) -> tuple[Path, Path]:
+    """(campaign file, state dir) for a campaign named demo; the state dir does not exist yet."""
+    state_dir = tmp_path / "state"
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text(
+        '[campaign]\nname = "demo"\nexperiment = "qwen35-4b"\nrounds = 5\nsteps_per_round = 20\n'
+        f'[storage]\nstate_dir = "{state_dir}"\n[shopsim]\nurl = "http://127.0.0.1:5799"\nslots = 8\n'
+        '[train]\ncommand = ["python", "train.py"]\n'
+    )
+    return cfg, state_dir
+
+
+def write_snapshot(state_dir: Path, snap: dict[str, Any]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / STATUS_FILE).write_text(json.dumps(snap))
+
+
+@pytest.fixture
+def holder(campaign: tuple[Path, Path]):
+    """A real process holding the campaign lock and pid file, like a running daemon."""
+    _, state_dir = campaign
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(state_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# -- the JSON contract ---------------------------------------------------------------------
+
+
+def test_schema_is_valid_draft_2020_12() -> None:
+    """The shipped schema is itself a valid draft 2020-12 schema."""
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["$schema"].endswith("2020-12/schema")
+
+
+@pytest.mark.parametrize("field", SCHEMA["required"])
+def test_schema_rejects_a_missing_required_field(field: str) -> None:
+    """Dropping any SPEC §6 field makes the output invalid (the schema can fail)."""
+    out = dict(snapshot(), daemon={"alive": True, "pid": 1, "last_seen": NOW})
+    VALIDATOR.validate(out)
+    del out[field]
+    assert not VALIDATOR.is_valid(out)
+
+
+def test_schema_requires_nested_spec_fields() -> None:
+    """Nested SPEC fields (daemon.alive, disk.inodes_free, rounds_done[].gate, ...) are required."""
+    base = dict(snapshot(), daemon={"alive": True, "pid": 1, "last_seen": NOW})
+    for path in (("daemon", "alive"), ("last_checkpoint", "committed_at"), ("disk", "inodes_free"),
+                 ("shopsim", "healthy")):
+        bad = json.loads(json.dumps(base))
+        del bad[path[0]][path[1]]
+        assert not VALIDATOR.is_valid(bad), path
+    bad = json.loads(json.dumps(base))
+    del bad["rounds_done"][0]["gate"]
+    assert not VALIDATOR.is_valid(bad)
+
+
+def test_never_started_gives_a_valid_object_from_the_toml(campaign: tuple[Path, Path]) -> None:
+    """With no state dir at all, status names the campaign from the TOML and says NOT_STARTED."""
+    cfg, state_dir = campaign
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["campaign"] == "demo" and out["experiment"] == "qwen35-4b"
+    assert out["state"] == "NOT_STARTED" and out["rounds"] == 5 and out["steps_per_round"] == 20
+    assert out["daemon"] == {"alive": False, "pid": None, "last_seen": None, "started_at": None}
+    assert out["shopsim"]["url"] == "http://127.0.0.1:5799" and out["shopsim"]["healthy"] is None
+    assert not state_dir.exists()
+
+
+def test_alive_daemon_is_reported_with_its_pid(campaign: tuple[Path, Path], holder: subprocess.Popen[str]) -> None:
+    """A process holding the lock and named in daemon.pid is alive, whatever the snapshot says."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(daemon={"pid": 1, "started_at": NOW}))
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["daemon"]["alive"] is True
+    assert out["daemon"]["pid"] == holder.pid
+    assert out["daemon"]["last_seen"] == NOW - 1
+    assert out["state"] == "TRAIN" and out["round"] == 2
+
+
+def test_killed_daemon_is_not_alive_and_keeps_its_last_pid(campaign: tuple[Path, Path],
+                                                           holder: subprocess.Popen[str]) -> None:
+    """After SIGKILL the kernel drops the lock: not alive, last pid and last_seen kept."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(daemon={"pid": holder.pid, "started_at": NOW}))
+    holder.kill()
+    holder.wait(timeout=10)
+    assert (state_dir / PID_FILE).exists()  # SIGKILL leaves the pid file behind
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["daemon"] == {"alive": False, "pid": holder.pid, "last_seen": NOW - 1, "started_at": NOW}
+
+
+def test_existing_pid_without_the_lock_is_not_alive(campaign: tuple[Path, Path]) -> None:
+    """A recorded pid reused by an unrelated process (this test) does not make the daemon alive."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot())
+    (state_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+    (state_dir / "lock").write_text(f"{os.getpid()}\n")
+    out = status.collect(cfg)
+    assert out["daemon"]["alive"] is False and out["daemon"]["pid"] == os.getpid()
+
+
+def test_daemon_starting_without_a_status_yet(campaign: tuple[Path, Path], holder: subprocess.Popen[str]) -> None:
+    """A live lock holder with no status.json yet: alive, state null, and a warning says why."""
+    cfg, _ = campaign
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["daemon"]["alive"] is True and out["state"] is None
+    assert any("starting" in w for w in out["warnings"])
+
+
+def test_corrupt_status_file_still_gives_a_valid_object(campaign: tuple[Path, Path]) -> None:
+    """A status.json that is not JSON is reported as a warning, never a crash."""
+    cfg, state_dir = campaign
+    state_dir.mkdir()
+    (state_dir / STATUS_FILE).write_text('{"campaign": "demo", "sta')
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["state"] is None and "not valid JSON" in out["warnings"][0]
+
+
+def test_older_engine_snapshot_is_completed_from_the_skeleton(campaign: tuple[Path, Path]) -> None:
+    """Fields missing from the snapshot are filled, so the output always meets the schema."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, {"campaign": "demo", "state": "VAL", "round": 1, "updated_at": NOW})
+    out = status.collect(cfg)
+    VALIDATOR.validate(out)
+    assert out["state"] == "VAL" and out["rounds"] == 5
+
+
+def test_missing_campaign_file_is_a_one_line_config_error(tmp_path: Path) -> None:
+    """A wrong -c path raises ConfigError (exit 3) naming the file."""
+    with pytest.raises(ConfigError, match="no such campaign file"):
+        status.collect(tmp_path / "nope.toml")
+
+
+def test_cli_json_output_meets_the_schema(campaign: tuple[Path, Path]) -> None:
+    """`shoprld status --json` prints one object that validates against status.schema.json."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(now=time.time()))
+    res = cli("status", "--json", "-c", str(cfg))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    VALIDATOR.validate(out)
+    assert out["daemon"]["alive"] is False and out["last_checkpoint"]["iteration"] == 59
+
+
+@pytest.mark.parametrize("args", [("--json",), ()])
+def test_status_path_imports_no_heavy_module(campaign: tuple[Path, Path], args: tuple[str, ...]) -> None:
+    """--json and the piped human view import none of pydantic/structlog/httpx/anyio/rich."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(now=time.time()))
+    code = ("import sys, io; from shoprld.daemon import cli; sys.stdout = io.StringIO(); "
+            f"rc = cli.main(['status', *{list(args)!r}, '-c', {str(cfg)!r}]); "
+            f"print(rc, [m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert res.stderr.strip() == "0 []"
+
+
+# -- the human view ------------------------------------------------------------------------
+
+
+def human(out: dict[str, Any], now: float = NOW) -> str:
+    return status.render_plain(status.view(out, now))
+
+
+def test_human_view_mid_campaign() -> None:
+    """The plain view shows round r/R, the bar with rate and ETA, checkpoint, disk, rounds, stop condition."""
+    out = dict(snapshot(), daemon={"alive": True, "pid": 4242, "last_seen": NOW - 1, "started_at": NOW - 7380})
+    text = human(out)
+    assert "daemon     alive (pid 4242, up 2h03m)" in text
+    assert "TRAIN  round 3/5 (round-002)" in text
+    assert re.search(r"█+░+ 12/20  60%  41\.2 s/step  ETA 5m30s", text)
+    assert "iteration 59, 2m05s ago, 52.9 GiB" in text
+    assert "free 612 GiB of 2.0 TiB  (soft 64.0 GiB, hard 10.0 GiB)  12.3M inodes free  [ok]" in text
+    assert "healthy, 16/48 slots free" in text
+    assert re.search(r"trainer\s+5001\s+1h12m", text)
+    assert re.search(r"round-001\s+0\.4375\s+success_rate\s+incomplete\s+kept\s+1h55m", text)
+    assert "stop condition not yet met: 2/5 rounds, 6h12m left" in text
+    assert "last error none" in text
+
+
+def test_human_view_dead_daemon_says_when_it_was_last_seen() -> None:
+    """A dead daemon reads "not running, last seen 3m ago" and the state is marked as stale."""
+    out = dict(snapshot(updated_at=NOW - 180), daemon={"alive": False, "pid": 4242, "last_seen": NOW - 180})
+    text = human(out)
+    assert "not running, last seen 3m00s ago (last pid 4242)" in text
+    assert "as last seen; the daemon is not running" in text
+
+
+def test_human_view_parked_and_failed_states() -> None:
+    """Parked for disk: the stop reason, the error and the hard level are all shown."""
+    out = dict(snapshot(state="PAUSED_DISK", stop_reason="disk", last_error="free 1.2 GiB < soft 4.0 GiB",
+                        warnings=["trainer stalled for 42m"]),
+               daemon={"alive": False, "pid": 4242, "last_seen": NOW - 1})
+    out["disk"] = dict(out["disk"], level="hard")
+    text = human(out)
+    assert "PAUSED_DISK" in text and "stopped: disk pressure" in text
+    assert "last error free 1.2 GiB < soft 4.0 GiB" in text
+    assert "[hard]" in text and "warnings   ! trainer stalled for 42m" in text
+
+
+def test_human_view_never_started(campaign: tuple[Path, Path]) -> None:
+    """Never started: the view names the campaign and says so, without a progress bar."""
+    cfg, _ = campaign
+    text = human(status.collect(cfg))
+    assert "demo / qwen35-4b" in text and "never started" in text and "NOT_STARTED" in text
+    assert "step " not in text
+
+
+def test_human_view_plain_ascii_when_the_stream_is_not_utf8() -> None:
+    """A non-UTF-8 stream gets an ASCII bar."""
+    out = dict(snapshot(), daemon={"alive": True, "pid": 1})
+    assert "##########" in status.render_plain(status.view(out, NOW, unicode=False))
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["pid", "started_at", "iteration", "bytes", "level", "round", "val", "gate", "log", "role", "url",
+         "healthy", "free_slots", "deadline", "rounds_done", "rounds", "alive", "last_seen"]), inner, max_size=5),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(list(snapshot())), _values, max_size=12))
+def test_human_view_never_raises_on_a_malformed_snapshot(garbage: dict[str, Any]) -> None:
+    """Whatever a buggy engine writes, both renderers produce a view instead of a traceback."""
+    from rich.console import Console
+
+    merged = {**snapshot(), **garbage}
+    items = status.view(merged, NOW)
+    assert status.render_plain(items)
+    Console(file=io.StringIO(), width=100).print(status.render_rich(items))
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (42.4, "42s"), (185, "3m05s"), (725, "12m"),
+                                               (22_320, "6h12m"), (183_600, "2d03h"), (None, "?")])
+def test_fmt_duration(seconds: float | None, text: str) -> None:
+    """Durations use two units at most."""
+    assert status.fmt_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("n", "text"), [(512, "512 B"), (1536, "1.5 KiB"), (56_800_000_000, "52.9 GiB"),
+                                         (612 * 1024**3, "612 GiB"), (2 * 1024**4, "2.0 TiB")])
+def test_fmt_bytes(n: int, text: str) -> None:
+    """Sizes use binary units, one decimal below 100."""
+    assert status.fmt_bytes(n) == text
+
+
+# -- terminals and --watch --------------------------------------------------------------------
+
+
+def _run_in_pty(args: list[str], env: dict[str, str]) -> str:
+    import pty
+
+    leader, follower = pty.openpty()
+    os.set_blocking(leader, False)
+    proc = subprocess.Popen(args, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    chunks: list[bytes] = []
+    sel = selectors.DefaultSelector()
+    sel.register(leader, selectors.EVENT_READ)
+    deadline = time.monotonic() + 20
+    try:
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.5):
+                try:
+                    data = os.read(leader, 65536)
+                except OSError:  # EIO: the child closed the pty
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _color_codes(text: str) -> list[str]:
+    params = [p for seq in re.findall(r"\x1b\[([0-9;]*)m", text) for p in seq.split(";")]
+    return [p for p in params if p.isdigit() and (30 <= int(p) <= 38 or 90 <= int(p) <= 97)]
+
+
+@pytest.mark.parametrize("no_color", [True, False])
+def test_terminal_view_uses_rich_and_honours_no_color(campaign: tuple[Path, Path], no_color: bool) -> None:
+    """On a terminal the view is rich; with NO_COLOR set it carries no colour codes at all."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(now=time.time()))
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    env.update(TERM="xterm-256color", COLUMNS="120", LINES="40")
+    if no_color:
+        env["NO_COLOR"] = "1"
+    text = _run_in_pty([sys.executable, "-m", "shoprld.daemon.cli", "status", "-c", str(cfg)], env)
+    assert "round 3/5 (round-002)" in text and "stop condition not yet met" in text
+    assert bool(_color_codes(text)) is not no_color
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_watch_refreshes_until_ctrl_c(campaign: tuple[Path, Path], as_json: bool) -> None:
+    """--watch keeps printing fresh frames and exits 0 on SIGINT (Ctrl-C)."""
+    cfg, state_dir = campaign
+    write_snapshot(state_dir, snapshot(now=time.time(), step=3))
+    args = [sys.executable, "-m", "shoprld.daemon.cli", "status", "--watch", "--interval", "0.05", "-c", str(cfg)]
+    proc = subprocess.Popen(args + (["--json"] if as_json else []), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    buf = b""
+    deadline = time.monotonic() + 20
+    try:
+        wrote = False
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            buf += proc.stdout.read() or b""
+            if not wrote and buf.count(b"\n") > 2:
+                write_snapshot(state_dir, snapshot(now=time.time(), step=17))  # progress while watching
+                wrote = True
+            if wrote and (b"17/20" in buf or b'"step": 17' in buf or b'"step":17' in buf):
+                break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = buf.decode()
+    if as_json:
+        frames = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert {f["step"] for f in frames} >= {3, 17}
+    else:
+        assert text.count("campaign   demo") >= 2 and "3/20" in text and "17/20" in text
