@@ -132,8 +132,11 @@ def _iteration_of(name: str) -> int | None:
     m = _ITER_RE.fullmatch(name)
     if m is None:
         return None
-    n = int(m.group(1))
-    return n if f"iter_{n:07d}" == name else None
+    digits = m.group(1)
+    # Canonical f"{N:07d}": exactly 7 digits, or more without a leading zero.
+    if len(digits) > 7 and digits[0] == "0":
+        return None
+    return int(digits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,10 +368,10 @@ _ScanCache = dict[str, tuple[tuple[int, int, int], Checkpoint]]
 
 def _cache_key(entry: os.DirEntry[str]) -> tuple[int, int, int]:
     """The iter dir's inode and mtime (entries added or removed) and metadata.json's mtime
-    (the last file written: an in-place rewrite of the save)."""
+    (written last: an in-place re-save rewrites it)."""
     st = entry.stat()
     try:
-        meta = os.stat(os.path.join(entry.path, "metadata.json")).st_mtime_ns
+        meta = os.stat(f"{entry.path}/metadata.json").st_mtime_ns
     except OSError:
         meta = -1
     return (st.st_ino, st.st_mtime_ns, meta)
@@ -386,17 +389,21 @@ def scan(save_dir: Path) -> Scan:
 
 
 def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
-    """:func:`scan`, optionally reusing complete dirs whose inode and mtime have not changed.
+    """:func:`scan`, optionally reusing what an earlier scan learnt (the watcher's hint rescans).
 
     Only *complete* dirs are cached: a partial one changes by files being written, which does not
-    always bump the dir's mtime (metadata.json is created empty, then written), while a complete
-    one only loses completeness by losing an entry, which does. megatron-core does save over a
-    leftover dir in place ("Overwriting old incomplete / corrupted checkpoint..."), and then
-    rewrites metadata.json last, whose mtime is in the key. Timestamps are coarse (a jiffy), so
-    a change within the same tick as the cached look can hide; the watcher's periodic full
-    rescan clears the cache, so anything the key misses is seen within ``rescan_interval``.
+    always bump the dir's mtime (metadata.json is created empty, then written). A cached dir at
+    or below the tracker is trusted without a syscall: it is committed, and Megatron never
+    touches a committed save again (after a tracker rollback, a re-save of N happens while N is
+    above the tracker). A cached dir above the tracker is re-checked by :func:`_cache_key`:
+    megatron-core saves over a leftover dir in place ("Overwriting old incomplete / corrupted
+    checkpoint..."), rewriting metadata.json last. The listing itself is always fresh, so a
+    deleted dir is always seen. What the cache cannot see (a committed dir edited in place, or
+    a change within one coarse timestamp tick) the watcher's periodic full rescan, which clears
+    the cache, sees within ``rescan_interval``.
     """
     tracker = read_tracker(save_dir)
+    top = tracker.iteration if tracker.iteration is not None else -1
     found: list[tuple[int, str, tuple[int, int, int] | None]] = []
     try:
         with os.scandir(save_dir) as it:
@@ -404,12 +411,14 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
                 n = _iteration_of(entry.name)
                 if n is None:
                     continue
+                key = None
                 try:
                     if not entry.is_dir():
                         continue
-                    # stat BEFORE inspecting: a change during the inspection leaves a stale key
-                    # behind, which only causes a re-inspection next time.
-                    key = _cache_key(entry) if cache is not None else None
+                    if cache is not None and not (n <= top and entry.name in cache):
+                        # stat BEFORE inspecting: a change during the inspection leaves a stale
+                        # key behind, which only causes one more inspection next time.
+                        key = _cache_key(entry)
                 except OSError:
                     continue
                 found.append((n, entry.name, key))
@@ -417,13 +426,15 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
         if cache is not None:
             cache.clear()
         return Scan(tracker)
+    found.sort()
     checkpoints: list[Checkpoint] = []
     root = os.fspath(save_dir)
-    for n, name, key in sorted(found):
-        hit = cache.get(name) if cache is not None else None
-        if hit is not None and hit[0] == key:
-            checkpoints.append(hit[1])
-            continue
+    for n, name, key in found:
+        if cache is not None:
+            hit = cache.get(name)
+            if hit is not None and (key is None or hit[0] == key):
+                checkpoints.append(hit[1])
+                continue
         ckpt = _inspect(os.path.join(root, name), n)
         if ckpt is None:
             continue
@@ -433,7 +444,7 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
                 cache[name] = (key, ckpt)
             else:
                 cache.pop(name, None)
-    if cache is not None:
+    if cache is not None and len(cache) > len(found):
         seen = {name for _, name, _ in found}
         for name in [k for k in cache if k not in seen]:
             del cache[name]

@@ -29,7 +29,7 @@ FAKE_ENV = (
     "WANDB_API_KEY=demo-fake-wandb-key-0000000000000000\n"
     "BAILIAN_API_KEY=demo-fake-bailian-key-000000000000\n"
 )
-PACED_STEP_S = "0.4"
+PACED_STEP_S = "0.25"
 FAST_STEP_S = "0.01"
 
 

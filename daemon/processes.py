@@ -77,6 +77,7 @@ class ChildRecord:
     started_at: float
     log: str
     argv: list[str] = field(default_factory=list)  # redacted
+    job_id: str = ""  # a Ray job's submission id (Ray Jobs launcher); "" for a local process
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

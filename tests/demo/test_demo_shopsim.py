@@ -18,6 +18,12 @@ def lease(url: str, task: int = 3) -> dict:
     return body["result"]
 
 
+@pytest.fixture(scope="module")
+def shared_shop(module_procs: Procs) -> str:
+    """One server for the stateless tests."""
+    return start_shopsim(module_procs, slots=1)[1]
+
+
 def quiet_reset(url: str) -> None:
     try:
         shop(url, {"action": "reset"}, timeout=10)
@@ -129,9 +135,9 @@ def test_release_one_is_idempotent_on_a_free_slot(procs: Procs) -> None:
     b'{"action": "release_one", "env_idx": 0}', b'{"action": "reset", "env_idx": 0}',
     b'{"action": "reset", "idx": -1}', b'{"action": "interact", "env_idx": 99, "lease_id": "x", "response": "a"}',
 ])
-def test_malformed_requests_are_400(procs: Procs, raw: bytes) -> None:
+def test_malformed_requests_are_400(shared_shop: str, raw: bytes) -> None:
     """Bad JSON, a non-object, an unknown action or a missing/invalid field gives 400 {"result": {"error"}}."""
-    _, url = start_shopsim(procs, slots=1)
+    url = shared_shop
     status, body = http("POST", url + "/api/shop_agent", raw=raw)
     assert status == 400 and isinstance(body["result"]["error"], str)
 
