@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import inspect
 import json
 import logging
@@ -362,8 +363,8 @@ class Scan:
         return None
 
 
-# name -> (_cache_key() when inspected, the complete Checkpoint seen then)
-_ScanCache = dict[str, tuple[tuple[int, int, int], Checkpoint]]
+# name -> (_cache_key() when last checked, the complete Checkpoint, committed when last checked)
+_ScanCache = dict[str, tuple[tuple[int, int, int], Checkpoint, bool]]
 
 
 def _cache_key(entry: os.DirEntry[str]) -> tuple[int, int, int]:
@@ -392,10 +393,11 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
     """:func:`scan`, optionally reusing what an earlier scan learnt (the watcher's hint rescans).
 
     Only *complete* dirs are cached: a partial one changes by files being written, which does not
-    always bump the dir's mtime (metadata.json is created empty, then written). A cached dir at
-    or below the tracker is trusted without a syscall: it is committed, and Megatron never
-    touches a committed save again (after a tracker rollback, a re-save of N happens while N is
-    above the tracker). A cached dir above the tracker is re-checked by :func:`_cache_key`:
+    always bump the dir's mtime (metadata.json is created empty, then written). A cached dir that
+    was already committed when last checked, and still is, is trusted without a syscall:
+    Megatron never touches a committed save again (after a tracker rollback, a re-save of N
+    happens while N is above the tracker, and a scan sees that). Any other cached dir is
+    re-checked by :func:`_cache_key`:
     megatron-core saves over a leftover dir in place ("Overwriting old incomplete / corrupted
     checkpoint..."), rewriting metadata.json last. The listing itself is always fresh, so a
     deleted dir is always seen. What the cache cannot see (a committed dir edited in place, or
@@ -415,7 +417,8 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
                 try:
                     if not entry.is_dir():
                         continue
-                    if cache is not None and not (n <= top and entry.name in cache):
+                    hit = cache.get(entry.name) if cache is not None else None
+                    if cache is not None and not (hit is not None and hit[2] and n <= top):
                         # stat BEFORE inspecting: a change during the inspection leaves a stale
                         # key behind, which only causes one more inspection next time.
                         key = _cache_key(entry)
@@ -433,6 +436,8 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
         if cache is not None:
             hit = cache.get(name)
             if hit is not None and (key is None or hit[0] == key):
+                if key is not None:
+                    cache[name] = (key, hit[1], n <= top)
                 checkpoints.append(hit[1])
                 continue
         ckpt = _inspect(os.path.join(root, name), n)
@@ -441,7 +446,7 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
         checkpoints.append(ckpt)
         if cache is not None and key is not None:
             if ckpt.complete:
-                cache[name] = (key, ckpt)
+                cache[name] = (key, ckpt, n <= top)
             else:
                 cache.pop(name, None)
     if cache is not None and len(cache) > len(found):
@@ -527,18 +532,18 @@ def deep_verify(ckpt_dir: Path) -> DeepVerify:
     """
     ckpt_dir = Path(ckpt_dir)
     try:
-        # Lazy and optional: megatron-core (and torch) are an extra, never a dependency.
-        from megatron.core import dist_checkpointing
+        # Lazy and optional: megatron-core (and torch) are an extra, never a dependency, so they
+        # are looked up by name (untyped) rather than imported at the top.
+        dist_checkpointing = importlib.import_module("megatron.core.dist_checkpointing")
+        fs_reader = importlib.import_module("torch.distributed.checkpoint").FileSystemReader
     except Exception:  # ImportError, or a broken install raising anything at import
         return _deep_verify_files(ckpt_dir)
     try:
         if not dist_checkpointing.check_is_distributed_checkpoint(str(ckpt_dir)):
             return DeepVerify(False, "megatron", f"{ckpt_dir}: not a distributed checkpoint (metadata.json)")
         tensors = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
-        from torch.distributed.checkpoint import FileSystemReader
-
         problems = _file_level_problems(ckpt_dir)
-        problems += _dcp_storage_problems(ckpt_dir, FileSystemReader(str(ckpt_dir)).read_metadata())
+        problems += _dcp_storage_problems(ckpt_dir, fs_reader(str(ckpt_dir)).read_metadata())
     except Exception as exc:  # megatron's readers raise many types on a damaged checkpoint
         return DeepVerify(False, "megatron", f"{ckpt_dir}: {type(exc).__name__}: {exc}")
     if problems:
@@ -550,13 +555,13 @@ def _deep_verify_files(ckpt_dir: Path) -> DeepVerify:
     problems = _file_level_problems(ckpt_dir)
     how = "file-level (megatron-core not installed)"
     try:
-        from torch.distributed.checkpoint import FileSystemReader
+        fs_reader = importlib.import_module("torch.distributed.checkpoint").FileSystemReader
     except Exception:
         how += "; .metadata not read (torch not installed)"
     else:
         if (ckpt_dir / ".metadata").is_file():
             try:
-                problems += _dcp_storage_problems(ckpt_dir, FileSystemReader(str(ckpt_dir)).read_metadata())
+                problems += _dcp_storage_problems(ckpt_dir, fs_reader(str(ckpt_dir)).read_metadata())
                 how += "; shards checked against .metadata"
             except Exception as exc:
                 problems.append(f".metadata unreadable: {type(exc).__name__}: {exc}")
@@ -1062,26 +1067,23 @@ class CheckpointWatcher:
         self._observer = observer
         self._watched = (st.st_dev, st.st_ino)
 
-    def _disarm(self) -> ObserverLike | None:
+    async def _disarm(self) -> None:
         observer, self._observer, self._watched = self._observer, None, None
-        if observer is not None:
+        if observer is None:
+            return
+
+        def stop_and_join() -> None:
+            # Off the loop: InotifyObserver.stop() joins its emitter threads (milliseconds),
+            # and watchdog's own pending hand-offs must still be able to reach the loop.
             observer.stop()
-        return observer
+            try:
+                observer.join(5.0)
+            except RuntimeError:
+                pass  # never started
 
-    async def _disarm_and_join(self) -> None:
-        observer = self._disarm()
-        if observer is not None:
-            # join() waits for watchdog's threads; do it off the loop so its own pending
-            # hand-offs (call_soon_threadsafe / portal calls) can still run.
-            def join() -> None:
-                try:
-                    observer.join(5.0)
-                except RuntimeError:
-                    pass  # never started
+        await anyio.to_thread.run_sync(stop_and_join)
 
-            await anyio.to_thread.run_sync(join)
-
-    def _check_watch(self) -> None:
+    async def _check_watch(self) -> None:
         """Re-arm when the save dir appeared, vanished or was replaced (new inode)."""
         if self._mode != "inotify":
             return
@@ -1091,11 +1093,9 @@ class CheckpointWatcher:
         except OSError:
             ident = None
         if self._observer is not None and ident != self._watched:
-            self._disarm()  # no join: its threads exit on their own; we don't block the loop
+            await self._disarm()
         if self._observer is None and ident is not None:
             self._arm()
-
-    # -- the loop -------------------------------------------------------------------------
 
     async def _rescan(self, emit: Emit, *, full: bool) -> None:
         # A hint rescan reuses unchanged complete dirs; a full one (start, timer, overflow)
@@ -1152,12 +1152,12 @@ class CheckpointWatcher:
                     _log().info("checkpoint.rescan", path=str(self.save_dir), reason="overflow")
                 if full:
                     next_full = self._clock() + self._rescan_interval
-                self._check_watch()
+                await self._check_watch()
                 await self._rescan(emit, full=full)
         finally:
             wd_logger.removeHandler(hook)
             self._call_soon = None
             self._loop_thread = None
             with anyio.CancelScope(shield=True):
-                await self._disarm_and_join()
+                await self._disarm()
             self._running = False

@@ -18,7 +18,14 @@ that refuses connections), never a live one, and on exit removes the file only i
 still the one it bound.
 
 The client side (:func:`query`, :func:`request_stop`) is blocking stdlib code: ``shoprld
-stop`` is a short-lived CLI and must not pay for anyio or structlog.
+stop`` is a short-lived CLI and must not pay for structlog.
+
+In the engine, the server is one more task of the daemon's task group::
+
+    await tg.start(ControlServer(state_dir / SOCKET_FILE, engine.on_control).serve)
+
+where ``on_control(request)`` answers ``status`` with ``{"ok": True, "status": snapshot}``
+and ``stop`` by setting the stop flag for the mode (the loop acts; it never stops inline).
 """
 
 from __future__ import annotations
@@ -180,7 +187,11 @@ class ControlServer:
         st = os.stat(self.path)
         ident = (st.st_dev, st.st_ino)
         try:
-            listener = anyio.abc.SocketListener.from_socket(sock)
+            try:
+                listener = await anyio.abc.SocketListener.from_socket(sock)
+            except BaseException:
+                sock.close()
+                raise
             async with listener:
                 _log().debug("control.listening", path=str(self.path))
                 task_status.started()
@@ -320,14 +331,15 @@ def request_stop(config_path: Path, mode: str = "now") -> int:
         msg = reply.get("message") or "the daemon will exit when it is safe"
         print(f"shoprld: stop requested ({_MODE_TEXT[mode]}); {msg}")
         return 0
+    nothing = f"shoprld: no daemon runs campaign {_campaign_name(config_path)} (state dir {state_dir}); nothing to stop"
     alive, pid = daemon_liveness(state_dir)
     if not alive or pid is None:
-        print(f"shoprld: no daemon runs campaign {_campaign_name(config_path)} (state dir {state_dir}); nothing to stop")
+        print(nothing)
         return 0
     try:
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        print(f"shoprld: no daemon runs campaign {_campaign_name(config_path)} (state dir {state_dir}); nothing to stop")
+    except ProcessLookupError:  # it exited between the probe and the signal
+        print(nothing)
         return 0
     except PermissionError:
         raise ControlRefused(

@@ -65,6 +65,26 @@ MODULES: dict[State, ModuleType] = {
     State.NEXT_ROUND: next_round,
 }
 CHILD_TAG = "SHOPRLD_CHILD"
+# Fault-injection seam for the crash tests (documented in tests/README.md): a list of
+# STATE:POINT:ROUND entries; at the first matching point not yet fired (a marker file in
+# SHOPRLD_TEST_KILL_DIR), the daemon SIGKILLs itself. POINT is `enter` (transition
+# persisted), `mid` (the stage's first child spawned) or `done` (the stage's output is on
+# disk, its outcome not yet persisted).
+_KILL_SPEC = os.environ.get("SHOPRLD_TEST_KILL", "")
+_KILL_DIR = os.environ.get("SHOPRLD_TEST_KILL_DIR", "")
+
+
+def _maybe_die(state: State, point: str, round_index: int) -> None:
+    if not _KILL_SPEC or not _KILL_DIR:
+        return
+    key = f"{state.value}:{point}:{round_index}"
+    if key not in _KILL_SPEC.split(","):
+        return
+    marker = Path(_KILL_DIR) / key.replace(":", "_")
+    if marker.exists():
+        return
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)
 log = structlog.get_logger("shoprld.engine")
 
 
@@ -247,6 +267,8 @@ class Engine:
             self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
             log.error("stage.error", state=state.value, error=str(outcome))
             return outcome.exit_code
+        if outcome.kind == "done":
+            _maybe_die(state, "done", self.round)
         self._journal("stage.outcome", state=state.value, attempt=attempt, kind=outcome.kind,
                       message=self.secrets.redact(outcome.message))
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
@@ -398,6 +420,7 @@ class Engine:
     def _register(self, child: Child) -> None:
         self.children[child.record.role] = child
         self._persist()
+        _maybe_die(self.machine.state, "mid", self.round)
 
     def _unregister(self, child: Child) -> None:
         if self.children.get(child.record.role) is child:
@@ -607,8 +630,7 @@ class Engine:
         await diskmod.monitor(self.layout.ephemeral_root, guard, emit, interval=self.cfg.disk.interval)
 
     async def _on_disk(self, ev: dict[str, Any]) -> int | None:
-        name = ev["event"]
-        log.warning(name, **{k: v for k, v in ev.items() if k != "event"})
+        name = ev["event"]  # the monitor already logged it
         self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
         if self.machine.state not in MODULES or self.stopping:
             return None
@@ -680,6 +702,7 @@ class Engine:
         log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
         self._persist()
+        _maybe_die(dst, "enter", self.round)
         self.notifier.status(_status_line(self.snap))
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()

@@ -55,12 +55,17 @@ class LedgerError(ShoprldError):
     """The ledger cannot be read or written safely."""
 
 
+# Tab, and every character str.splitlines() breaks on (CR LF, VT, FF, FS, GS, RS, NEL,
+# LS, PS): a cell holding any of them would split a row for some reader.
+_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def sanitize(value: Any) -> str:
-    """One TSV cell: None -> "", tabs/newlines/CR -> one space each."""
+    """One TSV cell: None -> "", tabs and line breaks -> one space each (CRLF -> one space)."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else str(value)
-    return text.replace("\t", " ").replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return text.replace("\r\n", " ").translate(_BREAKS)
 
 
 def make_row(**fields: Any) -> dict[str, str]:
@@ -74,7 +79,7 @@ def make_row(**fields: Any) -> dict[str, str]:
 def _parse(text: str) -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
     header: list[str] | None = None
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): see _BREAKS
         if not line or line.startswith("#"):
             continue
         cells = line.split("\t")
@@ -253,5 +258,7 @@ def print_ledger(config_path: Path, as_json: bool = False) -> int:
         cells = [r[c][:12] if c == "commit" else r[c] for c in _TTY_COLUMNS]
         table.add_row(*cells, style=style.get(r["status"]))
     console.print(table)
-    console.print(f"[dim]{len(rows)} rows; all {len(COLUMNS)} columns: shoprld ledger --json, or pipe it[/dim]")
+    n = len(rows)
+    console.print(f"[dim]{n} row{'' if n == 1 else 's'}; all {len(COLUMNS)} columns: "
+                  "shoprld ledger --json, or pipe it[/dim]")
     return 0

@@ -86,26 +86,36 @@ def _gib(n: Any) -> str:
     return f"{n / 1024**3:.1f} GiB" if isinstance(n, (int, float)) and not isinstance(n, bool) else "?"
 
 
+def _int(v: Any, default: int = 0) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
 def status_line(snap: Mapping[str, Any]) -> str:
-    """A one-line STATUS= for ``systemctl status``: ``round 3/5 TRAIN step 12/20 ckpt 59``."""
+    """A one-line STATUS= for ``systemctl status``: ``round 3/5 TRAIN step 12/20 ckpt 59``.
+
+    Parked and final states say why instead (``PAUSED_DISK: free 1.2 GiB < soft 4.0 GiB``),
+    and the newest warning (a stall, say) is appended. Never raises on a malformed snapshot.
+    """
     state = snap.get("state") or "?"
-    rounds = snap.get("rounds") if isinstance(snap.get("rounds"), int) else 0
-    rnd = snap.get("round") if isinstance(snap.get("round"), int) else 0
-    shown = min(rnd, rounds - 1) + 1 if rounds > 0 else rnd + 1
+    rounds = _int(snap.get("rounds"))
+    rnd = _int(snap.get("round"))
+    shown = min(rnd, rounds - 1) + 1 if rounds > 0 else rnd + 1  # 1-based for people
     ck = snap.get("last_checkpoint")
     ckpt = f" ckpt {ck.get('iteration')}" if isinstance(ck, dict) and ck.get("iteration") is not None else ""
-    disk = snap.get("disk") if isinstance(snap.get("disk"), dict) else {}
+    raw_disk = snap.get("disk")
+    disk: Mapping[str, Any] = raw_disk if isinstance(raw_disk, dict) else {}
     warnings = snap.get("warnings") if isinstance(snap.get("warnings"), list) else []
     err = snap.get("last_error")
+    level = disk.get("level")
     if state == "PAUSED_DISK":
-        if disk.get("level") in ("soft", "hard"):
-            level = disk["level"]
+        if level in ("soft", "hard"):
             limit = disk.get(f"{level}_limit_bytes")
             line = f"PAUSED_DISK: free {_gib(disk.get('free_bytes'))} < {level} {_gib(limit)}"
         else:
             line = f"PAUSED_DISK: {err or 'disk pressure'}"
     elif state == "DONE":
-        line = f"DONE: {len(snap.get('rounds_done') or [])}/{rounds} rounds{ckpt}"
+        done = snap.get("rounds_done")
+        line = f"DONE: {len(done) if isinstance(done, list) else '?'}/{rounds} rounds{ckpt}"
     elif state == "STOPPED":
         line = f"STOPPED ({snap.get('stop_reason') or 'requested'}) in round {shown}/{rounds}{ckpt}"
     elif state == "FAILED":

@@ -21,8 +21,6 @@ import os
 import re
 import struct
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -393,19 +391,20 @@ def validate_hf_dir(path: str | os.PathLike[str]) -> str:
 
 # ---------------------------------------------------------------- HTTP client
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never use env proxies
-
-
 def http_json(method: str, url: str, payload: Any = None, timeout: float = 30.0,
               headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """One JSON request; returns (status, decoded body or None). Raises OSError when unreachable."""
+    import urllib.error  # imported here: it costs ~0.1 s, and most subcommands never call out
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never use env proxies
     data = None if payload is None else json.dumps(payload).encode("utf-8")
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     for key, value in (headers or {}).items():
         req.add_header(key, value)
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
+        with opener.open(req, timeout=timeout) as resp:
             status, body = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, body = exc.code, exc.read()

@@ -42,7 +42,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -324,6 +323,8 @@ def cmd_watch_analyze(a: argparse.Namespace) -> int:
     log(f"watch-analyze: watching {round_dir} every {poll}s; stop file {stop_file}; pid={os.getpid()}")
     if not has_key:
         log("ERROR: BAILIAN_API_KEY is not set; failure cards will not be produced")
+    from concurrent.futures import ThreadPoolExecutor, wait  # imported late: ~50 ms that emit/check never need
+
     pool = ThreadPoolExecutor(max_workers=2)
     in_flight: dict[str, Any] = {}
     written = 0
@@ -519,6 +520,8 @@ def val_setup(cfg_path: str) -> tuple[dict[str, Any], Servers, list[int]]:
 
 
 def run_parallel(jobs: list[Any], fn: Callable[[Any], None], concurrency: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         for fut in [pool.submit(fn, j) for j in jobs]:
             fut.result()

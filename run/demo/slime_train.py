@@ -32,7 +32,6 @@ import hashlib
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +198,8 @@ class Rollouts:
         groups = [rollout_id * self.concurrency + k for k in range(self.concurrency)]
         if not self.url:
             return []
+        from concurrent.futures import ThreadPoolExecutor  # imported late: only rollouts with ShopSim need it
+
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futures = [pool.submit(self.episode, g, leak) for g in groups]
             results = []

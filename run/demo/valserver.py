@@ -333,7 +333,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop())
     signal.signal(signal.SIGINT, lambda *_: stop())
     child = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--scheduler", "--model-path", args.model_path],
+        [sys.executable, *(["-S"] if sys.flags.no_site else []), os.path.abspath(__file__),
+         "--scheduler", "--model-path", args.model_path],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     front.child = child
     log(f"listening on http://{args.host}:{srv.server_address[1]} pid={os.getpid()} scheduler pid={child.pid} "

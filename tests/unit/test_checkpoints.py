@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -269,22 +270,22 @@ class Oracle:
         return (committed[-1] if committed else None), partials, ahead
 
 
-def apply(op: tuple[object, ...], root: Path, model: Oracle) -> None:
+def apply(op: tuple[Any, ...], root: Path, model: Oracle) -> None:
     kind = op[0]
     if kind == "complete":
-        n = int(op[1])  # type: ignore[call-overload]
+        n = int(op[1])
         write_files(root, n)
         model.dirs.setdefault(n, set()).update(ALL_FILES)
         model.json_ok[n] = True
     elif kind == "partial":
-        n, stage = int(op[1]), int(op[2])  # type: ignore[call-overload]
+        n, stage = int(op[1]), int(op[2])
         if n in model.dirs:
             return  # a partial save never overwrites a dir that exists
         write_files(root, n, STAGES[stage])
         model.dirs[n] = set(STAGES[stage])
         model.json_ok[n] = False
     elif kind == "finish":
-        n = int(op[1])  # type: ignore[call-overload]
+        n = int(op[1])
         if n in model.dirs:
             apply(("complete", n), root, model)
     elif kind == "tracker":
@@ -292,19 +293,19 @@ def apply(op: tuple[object, ...], root: Path, model: Oracle) -> None:
         write_tracker(root, text)
         model.tracker = text
     elif kind == "torn":
-        text = str(op[1])[: int(op[2])]  # type: ignore[call-overload]
+        text = str(op[1])[: int(op[2])]
         write_tracker(root, text)
         model.tracker = text
     elif kind == "raw":
         write_tracker(root, str(op[1]))
         model.tracker = str(op[1])
     elif kind == "delete":
-        n = int(op[1])  # type: ignore[call-overload]
+        n = int(op[1])
         shutil.rmtree(iter_dir(root, n), ignore_errors=True)
         model.dirs.pop(n, None)
         model.json_ok.pop(n, None)
     elif kind == "bad_json":
-        n = int(op[1])  # type: ignore[call-overload]
+        n = int(op[1])
         if n in model.dirs and "metadata.json" in model.dirs[n]:
             (iter_dir(root, n) / "metadata.json").write_text('{"sharded_backend": ')
             model.json_ok[n] = False
@@ -312,7 +313,7 @@ def apply(op: tuple[object, ...], root: Path, model: Oracle) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, max_size=25))
-def test_scan_matches_model_oracle(ops: list[tuple[object, ...]]) -> None:
+def test_scan_matches_model_oracle(ops: list[tuple[Any, ...]]) -> None:
     """After any sequence of saves, partials, tracker (torn) writes and deletions, scan() equals the oracle."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -321,7 +322,7 @@ def test_scan_matches_model_oracle(ops: list[tuple[object, ...]]) -> None:
         for op in ops:
             top = model.tracker_iteration()
             in_place = op[0] == "bad_json" or (
-                op[0] in ("complete", "finish") and op[1] in model.dirs and top is not None and int(op[1]) <= top  # type: ignore[call-overload]
+                op[0] in ("complete", "finish") and op[1] in model.dirs and top is not None and int(op[1]) <= top
             )
             apply(op, root, model)
             if in_place:
@@ -335,6 +336,24 @@ def test_scan_matches_model_oracle(ops: list[tuple[object, ...]]) -> None:
             assert s.tracker.iteration == model.tracker_iteration(), op
             for n in model.dirs:
                 assert is_complete(root, n) == (n in [c.iteration for c in s.committed])
+
+
+def test_incremental_scan_sees_resave_in_place_above_tracker(tmp_path: Path) -> None:
+    """The watcher's cached scan re-checks dirs above the tracker, so an in-place re-save is seen."""
+    save(tmp_path, 20)
+    d = write_files(tmp_path, 40)  # a leftover complete dir, ahead of the tracker
+    cache: _ScanCache = {}
+    assert [c.iteration for c in _scan(tmp_path, cache).ahead] == [40]
+    write_files(tmp_path, 40, size=99)  # megatron-core saves over it in place...
+    meta = d / "metadata.json"
+    st = meta.stat()
+    os.utime(meta, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # ...at least a tick later
+    write_tracker(tmp_path, "40")
+    fresh = _scan(tmp_path, cache)
+    assert fresh == scan(tmp_path)
+    latest = fresh.latest_complete
+    assert latest is not None and latest.committed_at == meta.stat().st_mtime
+    assert latest.bytes == sum(p.stat().st_size for p in d.iterdir())
 
 
 # -- the round mapping -------------------------------------------------------------------------

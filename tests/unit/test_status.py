@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from shoprld.daemon import status
 from shoprld.daemon.errors import ConfigError
+from shoprld.daemon import store
 from shoprld.daemon.store import PID_FILE, STATUS_FILE
 
 SCHEMA = json.loads(status.SCHEMA_FILE.read_text())
@@ -53,7 +54,8 @@ def snapshot(now: float = NOW, **over: Any) -> dict[str, Any]:
         "shopsim": {"url": "http://127.0.0.1:5700", "healthy": True, "free_slots": 16, "slots": 48,
                     "checked_at": now - 4},
         "children": [{"role": "shopsim", "pid": 4300, "started_at": now - 7300, "log": "/ephemeral/logs/shopsim.log"},
-                     {"role": "trainer", "pid": 5001, "started_at": now - 4320, "log": "/ephemeral/logs/r002-train.log"}],
+                     {"role": "trainer", "pid": 5001, "started_at": now - 4320,
+                      "log": "/ephemeral/logs/r002-train.log"}],
         "rounds_done": [
             {"round": 0, "val": 0.412, "metric_name": "success_rate", "gate": "complete", "branch": "selected",
              "duration_seconds": 7080.0},
@@ -241,6 +243,12 @@ def test_status_path_imports_no_heavy_module(campaign: tuple[Path, Path], args: 
     assert res.stderr.strip() == "0 []"
 
 
+def test_file_names_match_the_store() -> None:
+    """status.py's copies of the state dir's file names are store.py's names."""
+    assert (status.LOCK_FILE, status.PID_FILE, status.STATUS_FILE) == (store.LOCK_FILE, store.PID_FILE,
+                                                                        store.STATUS_FILE)
+
+
 # -- the human view ------------------------------------------------------------------------
 
 
@@ -307,7 +315,7 @@ _values = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(list(snapshot())), _values, max_size=12))
 def test_human_view_never_raises_on_a_malformed_snapshot(garbage: dict[str, Any]) -> None:
     """Whatever a buggy engine writes, both renderers produce a view instead of a traceback."""

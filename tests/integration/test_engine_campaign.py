@@ -1,0 +1,135 @@
+"""The engine end to end: real daemon processes, real stand-ins, real SIGKILLs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shoprld.daemon.machine import ROUND_STATES
+from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, results, run_daemon, status
+
+ROUNDS = 5
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted demo campaign: the golden path and the reference results."""
+    root = tmp_path_factory.mktemp("reference")
+    campaign = make_tree(root, rounds=ROUNDS)
+    try:
+        proc = run_daemon(campaign)
+    finally:
+        kill_tree_leftovers(root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root
+
+
+def test_golden_path_runs_every_state_once_per_round_in_order(reference: Path) -> None:
+    """An uninterrupted campaign completes all rounds and journals each round state once, in order."""
+    assert status(reference)["state"] == "DONE"
+    moves = [(r["round"], r["dst"]) for r in journal(reference) if r["event"] == "transition"]
+    for rnd in range(ROUNDS):
+        seen = [dst for r, dst in moves if r == rnd and dst in {s.value for s in ROUND_STATES}]
+        assert seen == [s.value for s in ROUND_STATES], (rnd, seen)
+    assert [int(row[0]) for row in ledger_rows(reference)] == list(range(ROUNDS))
+    assert not [r for r in journal(reference) if r["event"] == "stage.skipped"]
+
+
+def test_golden_path_results_are_complete(reference: Path) -> None:
+    """Every round has its val summary, gate manifest and next curriculum on disk."""
+    got = results(reference)
+    for rnd in range(ROUNDS):
+        assert f"runs/round-{rnd:03d}-bare-val/summary.json" in got
+        assert f"runs/round-{rnd:03d}-online-gate/online_gate_manifest.json" in got
+        assert f"runs/round-{rnd + 1:03d}/curriculum.json" in got
+
+
+KILL_POINTS = [f"{s.value}:{p}:{i % ROUNDS}" for i, (s, p) in enumerate(
+    (s, p) for s in ROUND_STATES for p in ("enter", "mid", "done"))
+    # NEXT_ROUND spawns no child, nor does EXPORT_HF on the save_hf route.
+    if not (s.value in ("NEXT_ROUND", "EXPORT_HF") and p == "mid")]
+KILL_POINTS += ["PREFLIGHT_DISK:enter:0", "START_SHOPSIM:enter:1", "START_SHOPSIM:mid:0", "PREFLIGHT_DISK:done:2"]
+
+
+def test_crash_matrix_sigkill_at_every_state_resumes_to_identical_results(reference: Path, tmp_path: Path) -> None:
+    """SIGKILL the daemon right after entering, in the middle of, and after the output of every
+    state; restarting each time, the campaign completes with the reference results, no round
+    repeated or skipped, and the ledger has one row per round."""
+    campaign = make_tree(tmp_path, rounds=ROUNDS)
+    marks = tmp_path / "kill-marks"
+    marks.mkdir()
+    env = {"SHOPRLD_TEST_KILL": ",".join(KILL_POINTS), "SHOPRLD_TEST_KILL_DIR": str(marks)}
+    kills = 0
+    try:
+        for _ in range(len(KILL_POINTS) + 3):
+            proc = run_daemon(campaign, env=env)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == -9, proc.stderr[-2000:]
+            kills += 1
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fired = sorted(p.name for p in marks.iterdir())
+    assert kills == len(fired) == len(KILL_POINTS), (kills, fired)
+    assert status(tmp_path)["state"] == "DONE"
+    assert results(tmp_path) == results(reference)
+    assert [int(row[0]) for row in ledger_rows(tmp_path)] == list(range(ROUNDS))
+    # No round was trained twice: each round's end checkpoint was committed exactly once.
+    commits = [r["iteration"] for r in journal(tmp_path) if r["event"] == "checkpoint.committed"]
+    assert sorted(set(commits)) == [20 * (i + 1) for i in range(ROUNDS)]
+
+
+def test_seed_resume_round_1_case_starts_after_train(reference: Path, tmp_path: Path) -> None:
+    """round-001's final checkpoint (iter 40) exists but no val/gate files: the daemon resumes at
+    EXPORT_HF for round-001 and never retrains it (the seed's RESUME_ROUND=1)."""
+    campaign = make_tree(tmp_path, rounds=2)
+    env = {"SHOPRLD_TEST_KILL": "TRAIN:done:1", "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
+    try:
+        first = run_daemon(campaign, env=env)
+        assert first.returncode == -9
+        runs = tmp_path / "repo" / "runs"
+        assert not (runs / "round-001-bare-val").exists()
+        (tmp_path / "state" / "state.json").unlink()  # nothing but the disk says where we are
+        (tmp_path / "state" / "journal.jsonl").unlink()
+        second = run_daemon(campaign)
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    recs = journal(tmp_path)
+    assert {"event": "stage.skipped", "state": "TRAIN", "round": 1}.items() <= next(
+        r for r in recs if r["event"] == "stage.skipped").items()
+    spawned = [r["role"] for r in recs if r["event"] == "stage.spawn"]
+    assert "trainer" not in spawned
+    assert results(tmp_path) == {k: v for k, v in results(reference).items()
+                                 if "round-000" in k or "round-001" in k or k.startswith("runs/round-002/")}
+
+
+def test_resume_after_incomplete_gate_keeps_the_current_skillbank(tmp_path: Path) -> None:
+    """A crash after an incomplete gate resumes into INJECT, which records that the current
+    SkillBank was kept (the case the seed script cannot resume)."""
+    campaign = make_tree(tmp_path, rounds=2)
+    env = {"DEMO_GATE_INCOMPLETE_ROUNDS": "round-000", "SHOPRLD_TEST_KILL": "GATE:done:0",
+           "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
+    try:
+        assert run_daemon(campaign, env=env).returncode == -9
+        second = run_daemon(campaign, env={"DEMO_GATE_INCOMPLETE_ROUNDS": "round-000"})
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    import json
+
+    exp = next((tmp_path / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/demo/*"))
+    inject = json.loads((exp / "artifacts" / "inject" / "round-000.json").read_text())
+    assert inject["branch"] == "kept"
+    assert inject["skillbank"].endswith("cold-start/selected_skillbank.json")
+    assert status(tmp_path)["rounds_done"][0]["gate"] == "incomplete"
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(tmp_path: Path):  # type: ignore[no-untyped-def]
+    yield
+    kill_tree_leftovers(tmp_path)
+    shutil.rmtree(tmp_path / "ephemeral", ignore_errors=True)
