@@ -449,10 +449,10 @@ def _scan(save_dir: Path, cache: _ScanCache | None) -> Scan:
                 cache[name] = (key, ckpt, n <= top)
             else:
                 cache.pop(name, None)
-    if cache is not None and len(cache) > len(found):
+    if cache:
         seen = {name for _, name, _ in found}
         for name in [k for k in cache if k not in seen]:
-            del cache[name]
+            del cache[name]  # gone from the listing: a dir recreated later is inspected afresh
     return Scan(tracker, tuple(checkpoints))
 
 
@@ -635,7 +635,7 @@ class IterationMapping:
 # Retention
 
 
-def retention_plan(scan: Scan, *, keep_iterations: set[int], trainer_running: bool) -> list[Checkpoint]:
+def retention_plan(scan: Scan, *, keep_iterations: Iterable[int], trainer_running: bool) -> list[Checkpoint]:
     """What MAY be deleted in this save dir, oldest first.
 
     Never proposed: the resume point (``scan.latest_complete``), anything in ``keep_iterations``

@@ -93,7 +93,7 @@ _SIZE_UNITS = {
     "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
     "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
 }
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s|ms)")
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|d|h|m|s)")
 
 
 def parse_size(value: Any) -> int:

@@ -46,15 +46,16 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .errors import EXIT_CONFIG, LockError, ShoprldError
+from .errors import EXIT_CONFIG, ConfigError, LockError, ShoprldError
 from .store import LOCK_FILE, PID_FILE, SOCKET_FILE
 
 STOP_MODES = ("now", "checkpoint", "round")
 COMMANDS = ("status", "stop")
 MAX_REQUEST_BYTES = 64 * 1024
 _SO_PEERCRED = getattr(socket, "SO_PEERCRED", None)  # Linux
+_MAX_SUN_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
-Handler = Callable[[dict[str, Any]], "dict[str, Any] | Awaitable[dict[str, Any]]"]
+Handler = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]]]
 
 _MODE_TEXT = {
     "now": "now: every stage stops gracefully",
@@ -150,6 +151,11 @@ class ControlServer:
     def _bind(self) -> socket.socket:
         """Clear a stale socket file, then bind a 0600 socket (synchronously: no task runs
         between the umask change and its restore, so no other file gets our umask)."""
+        if len(os.fsencode(self.path)) > _MAX_SUN_PATH:
+            raise ConfigError(
+                f"{self.path}: too long for a unix socket ({len(os.fsencode(self.path))} bytes, "
+                f"the kernel allows {_MAX_SUN_PATH}); fix: set a shorter storage.state_dir"
+            )
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
@@ -314,7 +320,6 @@ def request_stop(config_path: Path, mode: str = "now") -> int:
 
     Idempotent: stopping a campaign whose daemon does not run prints one line and exits 0.
     """
-    from .errors import ConfigError
     from .paths import QuickConfigError, state_dir_from_toml
     from .status import daemon_liveness
 

@@ -31,7 +31,6 @@ row, and a re-append is still a no-op.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping

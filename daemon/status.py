@@ -466,7 +466,6 @@ LABEL_WIDTH = 11
 
 def render_plain(items: list[Item]) -> str:
     """The view as plain text (pipes, files, NO_COLOR scripts)."""
-    pad = " " * LABEL_WIDTH
     lines: list[str] = []
     for item in items:
         if item[0] == "kv":

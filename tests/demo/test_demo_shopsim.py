@@ -200,3 +200,15 @@ def test_port_and_slots_come_from_the_environment(procs: Procs) -> None:
     procs.start("shopsim.py", env=child_env(SHOPSIM_PORT=str(port), SHOPSIM_ENV_SLOTS="7"))
     body = wait_until(lambda: http("GET", f"http://127.0.0.1:{port}/healthz")[1], what="healthz")
     assert body["environment_slots"] == 7
+
+
+def test_a_client_that_gives_up_leaves_a_ghost_waiter(procs: Procs) -> None:
+    """A reset abandoned by its client still takes the next freed slot, even right after release_all."""
+    _, url = start_shopsim(procs, slots=1)
+    lease(url)
+    with pytest.raises(OSError):  # the client times out and goes away
+        shop(url, {"action": "reset"}, timeout=0.3)
+    assert shop(url, {"action": "release_all"})[0] == 200
+    wait_until(lambda: http("GET", url + "/healthz")[1]["free_slots"] == 0, timeout=5, what="ghost takes the slot")
+    time.sleep(0.2)
+    assert http("GET", url + "/healthz")[1]["free_slots"] == 0

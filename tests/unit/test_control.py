@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from shoprld.daemon import control
 from shoprld.daemon.control import ControlRefused, ControlServer, query, request_stop
-from shoprld.daemon.errors import EXIT_CONFIG, LockError
+from shoprld.daemon.errors import EXIT_CONFIG, ConfigError, LockError
 from shoprld.daemon.store import SOCKET_FILE
 
 pytestmark = pytest.mark.anyio
@@ -238,6 +238,13 @@ async def test_a_regular_file_in_the_way_is_left_alone(campaign: tuple[Path, Pat
     with pytest.raises(LockError, match="is not a socket"):
         await ControlServer(path, ok_handler([])).serve()
     assert path.read_text() == "precious"
+
+
+async def test_too_long_a_socket_path_is_a_config_error(tmp_path: Path) -> None:
+    """A state dir too deep for sun_path fails with a one-line fix, not a bare OSError."""
+    deep = tmp_path / ("d" * 120)
+    with pytest.raises(ConfigError, match="too long for a unix socket .*fix: set a shorter storage.state_dir"):
+        await ControlServer(deep / SOCKET_FILE, ok_handler([])).serve()
 
 
 async def test_exit_removes_only_its_own_socket(campaign: tuple[Path, Path]) -> None:
