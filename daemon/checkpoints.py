@@ -59,6 +59,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -673,12 +674,16 @@ def _refusal(path: str, root: str, iteration: int) -> str | None:
 
 
 def _rmtree(path: str) -> list[str]:
+    """Remove a tree, collecting errors instead of stopping at the first."""
     errors: list[str] = []
 
-    def onerror(func: Callable[..., Any], p: str, exc_info: Any) -> None:
-        errors.append(f"{p}: {exc_info[1]}")
+    def onexc(func: Callable[..., Any], p: str, exc: BaseException) -> None:
+        errors.append(f"{p}: {exc}")
 
-    shutil.rmtree(path, onerror=onerror)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=onexc)
+    else:  # 3.11: onerror (deprecated in 3.12) gets an exc_info triple
+        shutil.rmtree(path, onerror=lambda func, p, exc_info: onexc(func, p, exc_info[1]))
     return errors
 
 
@@ -903,13 +908,15 @@ class _Differ:
 class CheckpointWatcher:
     """Watches one save dir and emits checkpoint events to the event loop.
 
-    A watchdog observer on the save dir (inotify), or a polling loop; observer events are hints
-    handed to the event loop thread-safely, and each triggers a full rescan of the save dir
-    (coalesced: events that arrive during a rescan cause exactly one more). A full rescan also
-    runs at start, every ``rescan_interval`` seconds and after an inotify overflow: the rescan
-    is the truth. ``mode="auto"`` picks :func:`detect_watch_mode`. If the save dir does not
-    exist yet, it is polled for every ``poll_interval`` and watched once it appears (and again
-    if it is replaced).
+    A watchdog observer on the save dir (inotify, non-recursive), or a polling loop. Observer
+    events are hints handed to the event loop thread-safely; each triggers a rescan of the save
+    dir (coalesced: events that arrive during a rescan cause exactly one more), which re-reads
+    the tracker, the listing and every dir not yet committed. A full rescan, re-reading every
+    dir, runs at start, every ``rescan_interval`` seconds and after an inotify overflow: the
+    rescan is the truth. Poll mode runs the same rescan every ``poll_interval`` (in a worker
+    thread: a hung network filesystem must not freeze the loop). ``mode="auto"`` picks
+    :func:`detect_watch_mode`. If the save dir does not exist yet, it is polled for every
+    ``poll_interval`` and watched once it appears (and again if it is replaced).
 
     Events passed to ``emit`` (dicts, each once):
 
@@ -973,7 +980,7 @@ class CheckpointWatcher:
 
     @property
     def last_scan(self) -> Scan | None:
-        """The most recent full scan."""
+        """The most recent scan (None before the first)."""
         return self._last_scan
 
     def notify_overflow(self) -> None:
@@ -1040,7 +1047,9 @@ class CheckpointWatcher:
         observer: ObserverLike | None = None
         try:
             observer = self._observer_factory()
-            observer.schedule(_Hint(self._poke_threadsafe), str(self.save_dir), recursive=False, event_filter=_event_filter())
+            observer.schedule(
+                _Hint(self._poke_threadsafe), str(self.save_dir), recursive=False, event_filter=_event_filter()
+            )
             observer.start()
         except OSError as exc:
             if observer is not None:

@@ -226,10 +226,12 @@ class ControlServer:
     async def _answer(self, stream: anyio.abc.SocketStream) -> dict[str, Any]:
         raw_sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         uid = peer_uid(raw_sock)
+        # Read the (bounded) request even from a peer we refuse: closing a unix socket with
+        # unread data resets the connection, and the peer would never see why.
+        line = await self._read_line(stream)
         if uid is not None and uid not in (self.owner_uid, 0):
             _log().warning("control.refused", peer_uid=uid, owner_uid=self.owner_uid)
             return {"ok": False, "error": f"refused: uid {uid} is not the daemon's owner (uid {self.owner_uid})"}
-        line = await self._read_line(stream)
         if isinstance(line, dict):  # an error reply already
             return line
         try:
@@ -287,7 +289,10 @@ def query(state_dir: Path, request: dict[str, Any], timeout: float = 1.0) -> dic
             ) from None
         except OSError:  # gone, stale (refused), or not a socket
             return None
-        s.sendall((json.dumps(request) + "\n").encode())
+        try:
+            s.sendall((json.dumps(request) + "\n").encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may have answered and closed already: read what it said
         buf = b""
         while b"\n" not in buf:
             chunk = s.recv(65536)

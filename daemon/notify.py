@@ -7,6 +7,16 @@ systemd (``Type=notify``) reads ``READY=1`` once preflight and START_SHOPSIM pas
 
 Notification is best effort: :meth:`Notifier.send` never raises, because a missing or
 broken notify socket must not take a training campaign down (it logs at debug).
+
+In the engine::
+
+    notifier = Notifier()
+    notifier.ready(status_line(snapshot))          # after PREFLIGHT_DISK and START_SHOPSIM
+    notifier.status(status_line(snapshot))         # on every transition and on progress
+    if (every := notifier.watchdog_interval()):    # a task in the daemon's task group
+        while True: notifier.watchdog(); await anyio.sleep(every)
+    notifier.extend_timeout(120)                   # while a graceful stop waits for a save
+    notifier.stopping()
 """
 
 from __future__ import annotations

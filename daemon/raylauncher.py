@@ -396,14 +396,22 @@ def round_of_log(log: Path, env: Mapping[str, str]) -> int:
     return int(m.group(1))
 
 
-def ray_tmpdir(layout: Layout) -> Path:
-    """RAY_TMPDIR for a head we start: the experiment's ray dir, through a short symlink in
+def ray_tmpdir_path(layout: Layout) -> Path:
+    """RAY_TMPDIR for a head we start: the experiment's ray dir, or a short symlink to it in
     /tmp when the real path would push Ray's socket paths past AF_UNIX's 107 bytes."""
     target = layout.ray_tmp
-    target.mkdir(parents=True, exist_ok=True)
     if len(str(target)) + _RAY_SOCKET_SUFFIX <= _AF_UNIX_MAX:
         return target
-    link = Path("/tmp") / f"shoprld-ray-{hashlib.sha1(str(target).encode()).hexdigest()[:10]}"
+    return Path("/tmp") / f"shoprld-ray-{hashlib.sha1(str(target).encode()).hexdigest()[:10]}"
+
+
+def ray_tmpdir(layout: Layout) -> Path:
+    """:func:`ray_tmpdir_path`, created (the dir, and the symlink when one is needed)."""
+    target = layout.ray_tmp
+    target.mkdir(parents=True, exist_ok=True)
+    link = ray_tmpdir_path(layout)
+    if link == target:
+        return target
     if link.is_symlink() and Path(os.readlink(link)) == target:
         return link
     if link.is_symlink() or link.exists():
@@ -651,5 +659,5 @@ def build_launcher(cfg: Config, layout: Layout) -> Launcher:
 
 __all__ = [
     "LIVE", "TERMINAL", "JobExists", "RayJobChild", "RayJobsClient", "RayJobsError", "RayLauncher",
-    "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "round_of_log", "session_pids", "stop_session",
+    "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "ray_tmpdir_path", "round_of_log", "session_pids", "stop_session",
 ]

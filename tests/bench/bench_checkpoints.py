@@ -62,7 +62,9 @@ def writer(save_dir: Path, keep: int, shard_bytes: int) -> None:
         print(n, t0, flush=True)
 
 
-async def measure(mode: str, save_dir: Path, saves: int, poll_interval: float, keep: int, shard_bytes: int) -> list[float]:
+async def measure(
+    mode: str, save_dir: Path, saves: int, poll_interval: float, keep: int, shard_bytes: int
+) -> list[float]:
     import anyio
     from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -105,7 +107,12 @@ async def measure(mode: str, save_dir: Path, saves: int, poll_interval: float, k
 
 def summary(lat: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(lat, n=100, method="inclusive")
-    return {"n": len(lat), "p50_ms": round(statistics.median(lat), 3), "p95_ms": round(q[94], 3), "max_ms": round(max(lat), 3)}
+    return {
+        "n": len(lat),
+        "p50_ms": round(statistics.median(lat), 3),
+        "p95_ms": round(q[94], 3),
+        "max_ms": round(max(lat), 3),
+    }
 
 
 def fstype(path: Path) -> str:

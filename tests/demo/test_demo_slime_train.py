@@ -226,7 +226,7 @@ def test_sigkill_during_rollout_12_resumes_from_the_last_save(tmp_path: Path, pr
     assert train("--init-base", str(s)).returncode == 0
     args = ["--load", str(s), "--save", str(s), "--save-interval", "5", "--num-rollout", "21"]
     p = procs.start("slime_train.py", *args, env=child_env(DEMO_STEP_SECONDS="0.05"))
-    p.wait_log("rollout 12/20")
+    p.wait_log("rollout 11/20")  # rollout 12 is now in progress
     p.popen.send_signal(signal.SIGKILL)
     p.wait(5)
     assert (s / c.TRACKER).read_text() == "9"

@@ -410,7 +410,9 @@ def test_mapping_rejects_nonsense() -> None:
         (-1, [18], 18, 0),
     ],
 )
-def test_first_incomplete_round(tmp_path: Path, offset: int, saves: list[int], tracker: int | None, expected: int) -> None:
+def test_first_incomplete_round(
+    tmp_path: Path, offset: int, saves: list[int], tracker: int | None, expected: int
+) -> None:
     """Resumption picks the first round whose end is not covered by the committed resume point."""
     for n in saves:
         write_files(tmp_path, n)
@@ -458,7 +460,8 @@ def test_delete_frees_bytes_and_logs(tmp_path: Path) -> None:
     assert freed == sum(c.bytes for c in plan) > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000040", "iter_0000060", TRACKER_NAME]
     deleted = [e for e in logs if e["event"] == "checkpoint.deleted"]
-    assert [(e["iteration"], e["partial"], e["bytes"]) for e in deleted] == [(20, False, plan[0].bytes), (80, True, plan[1].bytes)]
+    got = [(e["iteration"], e["partial"], e["bytes"]) for e in deleted]
+    assert got == [(20, False, plan[0].bytes), (80, True, plan[1].bytes)]
 
 
 def test_delete_refuses_symlink_escape(tmp_path: Path) -> None:

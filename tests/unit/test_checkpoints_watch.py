@@ -77,9 +77,10 @@ class Recorder:
     def of(self, kind: str) -> list[int]:
         return [e["iteration"] for e in self.events if e["event"] == f"checkpoint.{kind}"]
 
-    async def wait(self, pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    async def until(self, kind: str, iteration: int, timeout: float = WAIT_S) -> None:
+        """Wait, bounded, until a checkpoint.<kind> event for ``iteration`` has been emitted."""
         with anyio.fail_after(timeout):
-            while not pred():
+            while iteration not in self.of(kind):
                 await self._changed.wait()
 
 
@@ -141,17 +142,17 @@ def test_megatron_saves_commit_once_each_in_order(tmpfs: Path, mode: str) -> Non
         assert watcher.mode == mode
         for n in (40, 60):
             save(save_dir, n)
-            await rec.wait(lambda: n in rec.of("committed"))
+            await rec.until("committed", n)
         write_files(save_dir, 80, metadata_json=False)  # a save still being written
-        await rec.wait(lambda: 80 in rec.of("partial"))
+        await rec.until("partial", 80)
         write_files(save_dir, 100)  # async save: files done, tracker trails at 60
-        await rec.wait(lambda: 100 in rec.of("ahead"))
+        await rec.until("ahead", 100)
         write_tracker(save_dir, "1")  # a torn read of "100"...
         write_tracker(save_dir, "100")  # ...then the whole value
-        await rec.wait(lambda: 100 in rec.of("committed"))
+        await rec.until("committed", 100)
         for n in (120, 140, 160):  # a burst faster than one poll interval
             save(save_dir, n)
-        await rec.wait(lambda: 160 in rec.of("committed"))
+        await rec.until("committed", 160)
 
     rec = run_watcher(watcher, body)
     assert rec.of("committed") == [40, 60, 100, 120, 140, 160]
@@ -170,12 +171,12 @@ def test_save_dir_created_after_start_and_replaced(tmpfs: Path, mode: str) -> No
 
     async def body(rec: Recorder) -> None:
         save(save_dir, 19)
-        await rec.wait(lambda: 19 in rec.of("committed"))
+        await rec.until("committed", 19)
         shutil.rmtree(save_dir)
         # Let a rescan see it gone, so the inotify watch is re-armed on the new dir.
         await anyio.sleep(0.2)
         save(save_dir, 39)
-        await rec.wait(lambda: 39 in rec.of("committed"))
+        await rec.until("committed", 39)
 
     rec = run_watcher(watcher, body, emit_async=True)
     assert rec.of("committed") == [19, 39]
@@ -192,7 +193,7 @@ def test_overflow_rescan_catches_up(tmpfs: Path) -> None:
         await anyio.sleep(0.3)
         assert rec.of("committed") == []  # the events really were lost
         watcher.notify_overflow()
-        await rec.wait(lambda: 20 in rec.of("committed"))
+        await rec.until("committed", 20)
         # watchdog reports a real IN_Q_OVERFLOW only as a log line, from its own thread.
         save(save_dir, 40)
         t = threading.Thread(
@@ -201,7 +202,7 @@ def test_overflow_rescan_catches_up(tmpfs: Path) -> None:
         )
         t.start()
         t.join()
-        await rec.wait(lambda: 40 in rec.of("committed"))
+        await rec.until("committed", 40)
 
     rec = run_watcher(watcher, body)
     assert rec.of("committed") == [20, 40]
@@ -216,7 +217,7 @@ def test_timer_rescan_without_events(tmpfs: Path) -> None:
 
     async def body(rec: Recorder) -> None:
         save(save_dir, 20)
-        await rec.wait(lambda: 20 in rec.of("committed"))
+        await rec.until("committed", 20)
 
     assert run_watcher(watcher, body).of("committed") == [20]
 
@@ -231,7 +232,7 @@ def test_watch_limit_enospc_falls_back_to_polling(tmpfs: Path) -> None:
     async def body(rec: Recorder) -> None:
         assert watcher.mode == "poll"
         save(save_dir, 20)
-        await rec.wait(lambda: 20 in rec.of("committed"))
+        await rec.until("committed", 20)
 
     with capture_logs() as logs:
         rec = run_watcher(watcher, body)

@@ -324,7 +324,8 @@ def test_human_view_never_raises_on_a_malformed_snapshot(garbage: dict[str, Any]
     merged = {**snapshot(), **garbage}
     items = status.view(merged, NOW)
     assert status.render_plain(items)
-    Console(file=io.StringIO(), width=100).print(status.render_rich(items))
+    console = Console(file=io.StringIO(), width=100)
+    console.print(status.render_rich(items, console))
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (42.4, "42s"), (185, "3m05s"), (725, "12m"),

@@ -1,0 +1,356 @@
+#!/bin/bash
+# The real-systemd suite for systemd/shoprld@.service (issue 7, item 6). Needs root.
+#
+# Boots a REAL systemd with systemd-nspawn on a cached debootstrapped Debian (bookworm), with
+# shoprld installed in a venv inside it, and checks under it: start (Type=notify, READY=1), the
+# STATUS= line in `systemctl status`, kill -9 -> restart -> resume at the same round, a graceful
+# `systemctl stop` (exit 0, STOPPED), a disk park (exit 4) that is NOT restarted, and a watchdog
+# stall (SIGSTOP) that systemd detects and restarts.
+#
+# SAFETY (../shared/REFERENCE.md): systemd is never started from the machine's root cgroup. Every
+# nspawn runs in a subshell that first moved itself into a dedicated child cgroup in every
+# hierarchy (cg_enter.sh); the cgroups are removed afterwards. No systemctl ever talks to the
+# host: every systemctl runs inside the container (nsenter into its namespaces). The container
+# has loopback only (--private-network). Processes are signalled by pid, never by name.
+# Teardown (trap EXIT) powers the container off, unmounts and removes the cgroups, always.
+#
+# Env: SHOPRLD_NSPAWN_ROOT  cached root   (default /var/cache/shoprld/nspawn-bookworm)
+#      SHOPRLD_SYSTEMD_OUT  artifacts     (default /var/tmp/shoprld-systemd-test/out)
+#      SHOPRLD_SYSTEMD_KEEP=1 keep the per-run work dir
+# Out: $OUT/results.jsonl (one {"check","ok","detail","seconds"} per check), $OUT/status-*.txt
+#      (systemctl status at each step), $OUT/systemctl-status.txt (all of them), journal.txt,
+#      unit.service (the rendered unit), nspawn.log, summary.txt. Exit 0 iff every check passed.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+ROOT=${SHOPRLD_NSPAWN_ROOT:-/var/cache/shoprld/nspawn-bookworm}
+CACHE=$(dirname "$ROOT")
+W=${SHOPRLD_SYSTEMD_WORK:-/var/tmp/shoprld-systemd-test}
+OUT=${SHOPRLD_SYSTEMD_OUT:-$W/out}
+CG=shoprld-systemd-test          # the child cgroup's name, in every hierarchy
+M=shoprld-ci                     # the container's machine name (hostname)
+HOSTPY=${SHOPRLD_HOST_PYTHON:-$REPO/.venv/bin/python}
+VENV=/opt/shoprld/venv           # inside the container
+SRC=/opt/shoprld/src             # inside the container (a read-only copy of the checkout)
+PARKVOL=/srv/park-vol            # inside the container: a 48 MiB tmpfs for the disk-park test
+t0=$(date +%s)
+
+log() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+die() { echo "run.sh: $*" >&2; exit 2; }
+
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, nspawn, cgroups)"
+[ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup"
+[ -x "$HOSTPY" ] || HOSTPY=$(command -v python3)
+mkdir -p "$CACHE" "$W" "$OUT"
+rm -f "$OUT"/results.jsonl "$OUT"/status-*.txt "$OUT"/systemctl-status.txt
+RESULTS=$OUT/results.jsonl; : > "$RESULTS"
+
+# One run at a time (the cgroup name and the cached root are shared).
+exec 9>"$CACHE/.systemd-test.lock"
+flock -w 5 9 || die "another run holds $CACHE/.systemd-test.lock"
+
+# shellcheck source=cg_enter.sh
+. "$HERE/cg_enter.sh"
+
+# -- 1. host tools (Debian packages, only when missing) ----------------------------------------
+if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null; then
+  log "installing systemd-container and debootstrap on the host"
+  # systemd-container must match the installed systemd exactly; never upgrade systemd itself.
+  V=$(dpkg-query -W -f='${Version}' systemd 2>/dev/null || true)
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-upgrade \
+    "systemd-container${V:+=$V}" debootstrap >/dev/null
+fi
+
+# -- 2. the cached root (~2-3 min once) ----------------------------------------------------------
+if [ ! -x "$ROOT/lib/systemd/systemd" ]; then
+  MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  log "debootstrap bookworm into $ROOT (${MIRROR:-default mirror})"
+  rm -rf "$ROOT.tmp"
+  timeout 1200 debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,python3,python3-venv \
+    bookworm "$ROOT.tmp" ${MIRROR:+"$MIRROR"} > "$OUT/debootstrap.log" 2>&1 \
+    || die "debootstrap failed (see $OUT/debootstrap.log)"
+  mv "$ROOT.tmp" "$ROOT"
+fi
+# a volatile journal (no growth of the cached root), and no getty noise on the console
+mkdir -p "$ROOT/etc/systemd/journald.conf.d"
+printf '[Journal]\nStorage=volatile\n' > "$ROOT/etc/systemd/journald.conf.d/shoprld-test.conf"
+ln -sf /dev/null "$ROOT/etc/systemd/system/console-getty.service"
+# leftovers of an earlier run (the root is cached, state must not be)
+rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
+
+# -- 3. wheels on the host, offline install in the container ------------------------------------
+# The container has no network. The wheels are downloaded here with the host venv's pip, pinned
+# to the versions the host tests ran with, and installed offline with --no-index.
+WH=$CACHE/wheelhouse
+"$HOSTPY" -m pip freeze --exclude-editable 2>/dev/null | grep -v '^-e ' > "$W/constraints.txt" || true
+DEPS=$("$HOSTPY" - "$REPO/pyproject.toml" <<'EOF'
+import sys, tomllib
+d = tomllib.load(open(sys.argv[1], "rb"))
+print("\n".join(d["project"]["dependencies"] + d["build-system"]["requires"]))
+EOF
+)
+STAMP=$(cat "$REPO/pyproject.toml" "$W/constraints.txt" | sha256sum | cut -c1-16)
+if [ "$(cat "$WH/.stamp" 2>/dev/null)" != "$STAMP" ]; then
+  log "downloading wheels into $WH"
+  rm -rf "$WH"; mkdir -p "$WH"
+  # shellcheck disable=SC2086
+  timeout 600 "$HOSTPY" -m pip download -q --only-binary=:all: -d "$WH" -c "$W/constraints.txt" $DEPS \
+    || die "pip download failed"
+  echo "$STAMP" > "$WH/.stamp"
+fi
+
+# the checkout: tracked + untracked-not-ignored files, copied fresh each run
+rm -rf "$W/src" "$W/srv"; mkdir -p "$W/src" "$W/srv"
+(cd "$REPO" && git ls-files -co --exclude-standard -z \
+  | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+  | tar -cf - --null -T - ) | tar -xf - -C "$W/src"
+
+NSPID=""; L=""; CG_USED=""; RUN_CREATED=""
+[ -e /run/systemd/nspawn ] || RUN_CREATED=1
+
+cleanup() {
+  local rc=$? i
+  set +e
+  if [ -n "$L" ] && [ -e "/proc/$L" ]; then
+    timeout 20 nsenter -t "$L" -a -- systemctl poweroff --no-block >/dev/null 2>&1
+    log "poweroff sent"
+  fi
+  if [ -n "$NSPID" ]; then
+    for i in $(seq 120); do
+      [ -e "/proc/$NSPID" ] && [ "$(awk '{print $3}' "/proc/$NSPID/stat" 2>/dev/null)" != Z ] || break
+      sleep 0.25
+    done
+    # SIGKILL to the container's PID 1 (by pid) kills its whole PID namespace
+    if [ -e "/proc/$NSPID" ] && [ -n "$L" ] && [ -e "/proc/$L" ]; then kill -KILL "$L"; fi
+    wait "$NSPID" 2>/dev/null
+    log "container gone"
+  fi
+  if [ -n "$CG_USED" ]; then
+    for f in $(find /sys/fs/cgroup -path "*/$CG/*" -name cgroup.procs 2>/dev/null) \
+             $(find /sys/fs/cgroup -path "*/$CG" -name cgroup.procs 2>/dev/null); do
+      c=$(tr '\n' ' ' < "$f"); [ -n "$c" ] && echo "still in $f: $c"
+    done
+    remove_cgroups "$CG"
+    left=$(find /sys/fs/cgroup -depth -type d -name "$CG" 2>/dev/null | wc -l)
+    log "cgroups removed (left: $left)"
+  fi
+  [ -n "$RUN_CREATED" ] && rm -rf /run/systemd/nspawn
+  rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
+  rmdir "$ROOT$PARKVOL" 2>/dev/null
+  [ "${SHOPRLD_SYSTEMD_KEEP:-0}" = 1 ] || rm -rf "$W/src" "$W/srv"
+  log "cleaned up (exit $rc)"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# nspawn, always from inside the child cgroup. ONLY ever call this in a subshell, ( ... ):
+# it moves the calling shell ($BASHPID) into $CG in every hierarchy, then execs its arguments.
+in_cgroup_exec() {
+  enter_cgroups "$CG"
+  grep -q "/$CG\$" /proc/self/cgroup || { echo "not in the child cgroup" >&2; exit 97; }
+  exec "$@"
+}
+CG_USED=1   # from here on, cleanup removes the child cgroups
+
+if [ "$(cat "$ROOT$VENV/.stamp" 2>/dev/null)" != "$STAMP" ]; then
+  log "building $VENV in the container (offline)"
+  rm -rf "${ROOT:?}$VENV"
+  mkdir -p "$ROOT/opt/shoprld/src"
+  ( in_cgroup_exec timeout 600 systemd-nspawn -q -D "$ROOT" -M "$M-setup" --register=no --keep-unit \
+      --private-network --bind-ro="$WH:/wheelhouse" --bind="$W/src:$SRC" \
+      /bin/sh -ec "python3 -m venv $VENV
+                  $VENV/bin/pip install -q --no-index --find-links /wheelhouse -e $SRC" ) \
+      > "$OUT/venv.log" 2>&1 < /dev/null || { cat "$OUT/venv.log"; die "venv build failed"; }
+  echo "$STAMP" > "$ROOT$VENV/.stamp"
+fi
+mkdir -p "$ROOT/srv/shoprld" "$ROOT$PARKVOL"
+
+# -- 4. boot -------------------------------------------------------------------------------------
+log "booting the container"
+( in_cgroup_exec timeout 900 systemd-nspawn -D "$ROOT" -M "$M" --boot --register=no --keep-unit \
+    --private-network --link-journal=no --console=read-only \
+    --bind-ro="$W/src:$SRC" --bind="$W/srv:/srv/shoprld" ) \
+    > "$OUT/nspawn.log" 2>&1 < /dev/null &
+NSPID=$!   # the subshell, exec'd into timeout; nspawn is its child, the container's systemd nspawn's
+for _ in $(seq 200); do
+  NS=$(pgrep -P "$NSPID" -x systemd-nspawn || true)
+  [ -n "$NS" ] && L=$(pgrep -P "$NS" -x systemd || true)
+  [ -n "$L" ] && break
+  sleep 0.1
+done
+[ -n "$L" ] || { cat "$OUT/nspawn.log"; die "container init not found"; }
+# the safety rule, checked: the container's systemd is in our child cgroup, not the machine's root
+grep -q "/$CG" "/proc/$L/cgroup" || die "container init is not inside the $CG cgroup"
+
+C() { timeout 120 nsenter -t "$L" -a -- "$@"; }
+st=""
+for _ in $(seq 150); do
+  st=$(C systemctl is-system-running 2>/dev/null || true)
+  case "$st" in running|degraded) break ;; esac
+  sleep 0.2
+done
+log "container booted: $st"
+
+# -- helpers -------------------------------------------------------------------------------------
+record() {  # record NAME OK(0|1) SECONDS DETAIL
+  "$HOSTPY" -c 'import json,sys; print(json.dumps({"check": sys.argv[1], "ok": sys.argv[2] == "1",
+    "seconds": round(float(sys.argv[3]), 1), "detail": sys.argv[4]}))' "$1" "$2" "$3" "$4" >> "$RESULTS"
+  if [ "$2" = 1 ]; then log "PASS $1: $4"; else log "FAIL $1: $4"; fi
+}
+FAILED=0
+run_check() {  # run_check NAME FUNCTION: the function sets $DETAIL and returns 0 for a pass
+  local name=$1 s; s=$(date +%s.%N); DETAIL=""
+  if "$2"; then record "$name" 1 "$(echo "$(date +%s.%N) - $s" | bc)" "$DETAIL"
+  else record "$name" 0 "$(echo "$(date +%s.%N) - $s" | bc)" "$DETAIL"; FAILED=$((FAILED + 1)); fi
+}
+prop() { C systemctl show -p "$2" --value "shoprld@$1.service"; }
+sj() {  # sj INSTANCE PYEXPR: evaluate over status.json (s) from the container's state dir
+  "$HOSTPY" - "$ROOT/var/lib/shoprld/$1/status.json" "$2" <<'EOF' 2>/dev/null || echo ""
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print(""); sys.exit(0)
+print(eval(sys.argv[2]))
+EOF
+}
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll every 0.25 s, bounded
+  local secs=$1 deadline=$(( $(date +%s) + $1 )) what=$2; shift 2
+  while [ "$(date +%s)" -lt "$deadline" ]; do "$@" && return 0; sleep 0.25; done
+  DETAIL="timed out after ${secs}s waiting for: $what"; return 1
+}
+snap() {  # snap FILE INSTANCE: systemctl status + systemd's own lines about the unit
+  { echo "### $(date -u +%H:%M:%S) systemctl status shoprld@$2"
+    C systemctl status "shoprld@$2.service" --no-pager -l -n 0 || true
+    echo "### systemd's lines about shoprld@$2 (the daemon's JSON lines left out)"
+    C journalctl -u "shoprld@$2.service" -o short-precise --no-pager | grep -v ']: {' || true
+    echo; } > "$OUT/$1"
+  cat "$OUT/$1" >> "$OUT/systemctl-status.txt"
+}
+
+# -- 5. the demo tree, the unit ------------------------------------------------------------------
+t_install() {
+  C "$VENV/bin/python" "$SRC/tests/systemd/prepare_tree.py" /srv/shoprld "$PARKVOL" > "$OUT/prepare.log" 2>&1 \
+    || { DETAIL="prepare_tree failed: $(tail -1 "$OUT/prepare.log")"; return 1; }
+  if C "$VENV/bin/shoprld" --help 2>/dev/null | grep -q install-service; then
+    HOW="shoprld install-service"; C "$VENV/bin/shoprld" install-service -c /srv/shoprld/demo.toml --write
+  else  # until the lead wires the subcommand into cli.py: the same function, run as a module
+    HOW="python -m shoprld.daemon.service"
+    C "$VENV/bin/python" -m shoprld.daemon.service -c /srv/shoprld/demo.toml --write
+  fi > "$OUT/install-service.txt" 2>&1 || { DETAIL="install-service failed: $(tail -2 "$OUT/install-service.txt")"; return 1; }
+  cp "$ROOT/etc/systemd/system/shoprld@.service" "$OUT/unit.service"
+  C systemd-analyze verify /etc/systemd/system/shoprld@.service > "$OUT/verify.txt" 2>&1 \
+    || { DETAIL="systemd-analyze verify: $(head -3 "$OUT/verify.txt")"; return 1; }
+  [ ! -s "$OUT/verify.txt" ] || { DETAIL="verify warned: $(head -3 "$OUT/verify.txt")"; return 1; }
+  for d in PrivateTmp=yes ProtectHome=read-only ProtectSystem=strict "ExecStart=$VENV/bin/shoprld run -c /srv/shoprld/%i.toml"; do
+    grep -qxF "$d" "$OUT/unit.service" || { DETAIL="rendered unit lacks $d"; return 1; }
+  done
+  # test-only drop-ins: a 3 s watchdog for the stall test; the park volume is outside the
+  # template's ReadWritePaths (the documented per-campaign drop-in)
+  mkdir -p "$ROOT/etc/systemd/system/shoprld@wd.service.d" "$ROOT/etc/systemd/system/shoprld@park.service.d"
+  printf '[Service]\nWatchdogSec=3s\n' > "$ROOT/etc/systemd/system/shoprld@wd.service.d/50-test.conf"
+  printf '[Service]\nReadWritePaths=-%s\n' "$PARKVOL" > "$ROOT/etc/systemd/system/shoprld@park.service.d/50-test.conf"
+  C systemctl daemon-reload
+  DETAIL="installed via '$HOW'; verify clean; $(grep -c . "$OUT/unit.service") lines"
+}
+
+# -- 6. the checks -------------------------------------------------------------------------------
+in_round1_train() { [ "$(sj demo "s.get('state') == 'TRAIN' and s.get('round', 0) >= 1 and s.get('step', 0) >= 2")" = True ]; }
+t_start() {
+  local s; s=$(date +%s.%N)
+  C systemctl start shoprld@demo.service || { DETAIL="systemctl start failed: $(prop demo Result)"; return 1; }
+  local took; took=$(echo "$(date +%s.%N) - $s" | bc)
+  [ "$(prop demo ActiveState)" = active ] || { DETAIL="not active after start"; return 1; }
+  wait_for 120 "demo in round-001 TRAIN, step >= 2" in_round1_train || return 1
+  snap status-1-running.txt demo
+  local line; line=$(grep -m1 'Status: "' "$OUT/status-1-running.txt" || true)
+  [[ "$line" =~ Status:\ \"round\ 2/3\ TRAIN\ step\ [0-9]+/20 ]] || { DETAIL="no STATUS line: '$line'"; return 1; }
+  DETAIL="start returned after READY=1 in ${took}s; ${line## }"
+}
+
+resumed() {
+  local p; p=$(prop demo MainPID)
+  [ "$p" != 0 ] && [ "$p" != "$P1" ] && [ "$(prop demo ActiveState)" = active ] \
+    && [ "$(sj demo "s['daemon']['pid'] == $p and s.get('state') == 'TRAIN'")" = True ]
+}
+t_kill9() {
+  P1=$(prop demo MainPID); R1=$(sj demo "s['round']"); local st1; st1=$(sj demo "s.get('step')")
+  C sh -c "kill -9 $P1"
+  local s; s=$(date +%s.%N)
+  wait_for 90 "a new main pid, active, back in TRAIN" resumed || return 1
+  local took; took=$(echo "$(date +%s.%N) - $s" | bc)
+  local p2 nr r2; p2=$(prop demo MainPID); nr=$(prop demo NRestarts); r2=$(sj demo "s['round']")
+  snap status-2-restarted.txt demo
+  [ "$nr" = 1 ] || { DETAIL="NRestarts=$nr"; return 1; }
+  [ "$r2" = "$R1" ] || { DETAIL="resumed in round $r2, was $R1"; return 1; }
+  local rec; rec=$(C sh -c "grep '\"event\": *\"reconcile\"' /var/lib/shoprld/demo/journal.jsonl | tail -1")
+  grep -q "\"round\": *$R1" <<<"$rec" || { DETAIL="journal reconcile: $rec"; return 1; }
+  grep -q 'status=9/KILL' "$OUT/status-2-restarted.txt" || { DETAIL="no 'status=9/KILL' in the journal"; return 1; }
+  DETAIL="kill -9 $P1 in round-$(printf %03d "$R1") step $st1 -> restarted as $p2 after ${took}s (NRestarts=$nr), resumed in round-$(printf %03d "$r2")"
+}
+
+t_stop() {
+  local s; s=$(date +%s.%N)
+  C systemctl stop shoprld@demo.service || { DETAIL="systemctl stop failed"; return 1; }
+  local took; took=$(echo "$(date +%s.%N) - $s" | bc)
+  snap status-3-stopped.txt demo
+  local res code state; res=$(prop demo Result); code=$(prop demo ExecMainStatus); state=$(sj demo "s.get('state')")
+  [ "$res" = success ] && [ "$code" = 0 ] && [ "$state" = STOPPED ] \
+    || { DETAIL="Result=$res ExecMainStatus=$code state=$state"; return 1; }
+  DETAIL="stop took ${took}s: Result=$res ExecMainStatus=$code state.json=$state ($(sj demo "s.get('stop_reason')"))"
+}
+
+park_train() { [ "$(sj park "s.get('state') == 'TRAIN' and s.get('step', 0) >= 1")" = True ]; }
+park_done() { case "$(prop park ActiveState)" in failed|inactive) return 0 ;; *) return 1 ;; esac; }
+t_park() {
+  C mount -t tmpfs -o size=48m shoprld-park "$PARKVOL" || { DETAIL="tmpfs mount failed"; return 1; }
+  C systemctl start shoprld@park.service || { DETAIL="start failed: $(prop park Result)"; return 1; }
+  wait_for 60 "park in TRAIN" park_train || return 1
+  local avail; avail=$(C df -B1 --output=avail "$PARKVOL" | tail -1 | tr -d ' ')
+  C fallocate -l $(( avail - 3 * 1024 * 1024 )) "$PARKVOL/filler" || { DETAIL="fallocate failed"; return 1; }
+  wait_for 60 "the park unit to exit" park_done || return 1
+  sleep 3  # an auto-restart would show as SubState=auto-restart, then activating
+  snap status-4-park.txt park
+  local code sub nr state; code=$(prop park ExecMainStatus); sub=$(prop park SubState); nr=$(prop park NRestarts)
+  state=$(sj park "s.get('state')")
+  [ "$code" = 4 ] && [ "$nr" = 0 ] && [ "$sub" = failed ] && [ "$state" = PAUSED_DISK ] \
+    || { DETAIL="ExecMainStatus=$code SubState=$sub NRestarts=$nr state=$state"; return 1; }
+  DETAIL="filled the 48M tmpfs: exit $code, SubState=$sub, NRestarts=$nr, state.json=$state: $(sj park "s.get('last_error')")"
+}
+
+wd_train() { [ "$(sj wd "s.get('state') == 'TRAIN' and s.get('step', 0) >= 1")" = True ]; }
+wd_back() {
+  local p; p=$(prop wd MainPID)
+  [ "$p" != 0 ] && [ "$p" != "$W1" ] && [ "$(prop wd ActiveState)" = active ] && [ "$(prop wd NRestarts)" = 1 ]
+}
+t_watchdog() {
+  C systemctl start shoprld@wd.service || { DETAIL="start failed"; return 1; }
+  [ "$(prop wd WatchdogUSec)" = 3s ] || { DETAIL="WatchdogUSec=$(prop wd WatchdogUSec)"; return 1; }
+  wait_for 60 "wd in TRAIN" wd_train || return 1
+  W1=$(prop wd MainPID)
+  C sh -c "kill -STOP $W1"
+  local s; s=$(date +%s.%N)
+  wait_for 90 "systemd to kill the stalled daemon and restart it" wd_back || return 1
+  local took; took=$(echo "$(date +%s.%N) - $s" | bc)
+  snap status-5-watchdog.txt wd
+  grep -q 'Watchdog timeout' "$OUT/status-5-watchdog.txt" || { DETAIL="no 'Watchdog timeout' in the journal"; return 1; }
+  C systemctl stop shoprld@wd.service || true
+  DETAIL="SIGSTOP $W1 -> 'Watchdog timeout (limit 3s)' -> restarted as $(prop wd MainPID) ${took}s later"
+}
+
+run_check install t_install
+if [ "$FAILED" = 0 ]; then
+  run_check start_status t_start
+  [ "$FAILED" = 0 ] && run_check kill9_restart_resume t_kill9
+  run_check graceful_stop t_stop
+  run_check disk_park_not_restarted t_park
+  run_check watchdog_stall t_watchdog
+fi
+C journalctl -u 'shoprld@*' -o short-precise --no-pager > "$OUT/journal.txt" 2>&1 || true
+C sh -c 'cat /var/lib/shoprld/demo/journal.jsonl' > "$OUT/demo-journal.jsonl" 2>/dev/null || true
+TOTAL=$(( $(date +%s) - t0 ))
+{ echo "shoprld real-systemd suite: $(grep -c '"ok": true' "$RESULTS") passed, $FAILED failed, ${TOTAL}s"
+  echo "systemd in the container: $(C systemctl --version | head -1)"; cat "$RESULTS"; } | tee "$OUT/summary.txt"
+[ "$FAILED" = 0 ]
