@@ -25,9 +25,13 @@ def forecast_for(cfg: Config, last_checkpoint_bytes: int | None) -> disk.Forecas
 
 def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[disk.PreflightProblem]:
     fc = forecast_for(cfg, last_checkpoint_bytes)
-    # Bytes already held by this campaign's checkpoints count towards what retention keeps.
+    heavy = layout.heavy_paths(cfg)
+    link = layout.project_root / "runs"
+    if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
+        # Not created yet (check, or the first preflight pass): judge where it will point.
+        heavy["<project_root>/runs"] = layout.runs
     return disk.preflight(
-        ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=layout.heavy_paths(cfg),
+        ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
         need_bytes=fc.total, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
         forbid_same_fs=cfg.disk.forbid_same_fs,
     )

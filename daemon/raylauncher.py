@@ -136,6 +136,8 @@ class RayJobsClient:
         text = r.text
         if "already exists" in text:
             raise JobExists(submission_id)
+        if r.status_code == 500 and "No available agent" in text:
+            raise NoAgent(f"Ray's job agent is not up yet at {self.address}")
         raise RayJobsError(f"Ray refused job {submission_id} (HTTP {r.status_code}): {_last_line(text)}")
 
     async def info(self, job_id: str) -> dict[str, Any] | None:
@@ -194,6 +196,10 @@ class JobExists(RayJobsError):
     def __init__(self, submission_id: str) -> None:
         super().__init__(f"Ray already holds job {submission_id}")
         self.submission_id = submission_id
+
+
+class NoAgent(RayJobsError):
+    """A head that has just started answers before its job agent can take a submission."""
 
 
 def _last_line(text: str) -> str:
@@ -531,10 +537,17 @@ class RayLauncher:
                      f"=== shoprld runtime_env.env_vars: {', '.join(sorted(env_vars))}\n")
         metadata = {"shoprld_campaign": self.cfg.campaign.name, "shoprld_experiment": self.cfg.campaign.experiment,
                     "shoprld_round": round_id, "shoprld_role": role}
-        try:
-            sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata)
-        except JobExists:
-            pass  # submitted by us an instant ago (a retried request): attach to it
+        deadline = time.monotonic() + self.head_timeout
+        while True:
+            try:
+                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata)
+                break
+            except JobExists:
+                break  # submitted by us an instant ago (a retried request): attach to it
+            except NoAgent:
+                if time.monotonic() > deadline:
+                    raise
+                await anyio.sleep(1.0)
         info = await self.client.info(sid)
         child = self._child(sid, role, log, list(redacted_argv), str((info or {}).get("status", "PENDING")))
         self._note_job(round_id, sid)
@@ -658,6 +671,6 @@ def build_launcher(cfg: Config, layout: Layout) -> Launcher:
 
 
 __all__ = [
-    "LIVE", "TERMINAL", "JobExists", "RayJobChild", "RayJobsClient", "RayJobsError", "RayLauncher",
+    "LIVE", "TERMINAL", "JobExists", "NoAgent", "RayJobChild", "RayJobsClient", "RayJobsError", "RayLauncher",
     "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "ray_tmpdir_path", "round_of_log", "session_pids", "stop_session",
 ]

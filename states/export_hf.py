@@ -26,8 +26,10 @@ ADOPTS: tuple[str, ...] = ()
 
 
 def _commit_time(ctx: RoundContext) -> float | None:
+    if not ckpt.is_complete(ctx.layout.save_dir, ctx.end_iteration):
+        return None
     c = ckpt.scan(ctx.layout.save_dir).get(ctx.end_iteration)
-    if c is None or not c.complete:
+    if c is None:
         return None
     common = Path(c.path) / "common.pt"
     return common.stat().st_mtime if common.exists() else c.committed_at

@@ -425,6 +425,8 @@ async def test_ensure_head_starts_the_head_in_its_own_session_and_stops_it_by_se
             assert sid == launcher.head.pid != os.getsid(0)
             rec = json.loads((layout.ray_tmp / "shoprld-head.json").read_text())
             assert rec["sid"] == sid
+            head_env = Path(f"/proc/{sid}/environ").read_bytes().split(b"\0")
+            assert f"RAY_TMPDIR={ray_tmpdir_path(layout)}".encode() in head_env
             assert await launcher.stop_head(grace=5.0)
         assert session_pids(sid) == []
     finally:
@@ -432,3 +434,6 @@ async def test_ensure_head_starts_the_head_in_its_own_session_and_stops_it_by_se
             for pid in session_pids(sid):
                 os.kill(pid, signal.SIGKILL)
         await launcher.client.aclose()
+        link = ray_tmpdir_path(layout)
+        if link != layout.ray_tmp:
+            link.unlink(missing_ok=True)

@@ -1,0 +1,151 @@
+"""The disk guard on a REAL tmpfs: park before ENOSPC, lose nothing, resume to identical results."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.demotree import journal, kill_tree_leftovers, make_tree, results, run_daemon, start_daemon, status
+from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (fixture)
+
+MiB = 1024 * 1024
+CKPT = 8 * MiB
+
+
+def _tree(root: Path, volume: Path, rounds: int, *, hard: str = "6MiB", soft: str = "16MiB") -> Path:
+    return make_tree(root, rounds=rounds, edits={
+        r'^ephemeral_root = "ephemeral"$': f'ephemeral_root = "{volume}"',
+        r"^require_mount = false$": "require_mount = true",
+        r'^hard_limit = ".*"$': f'hard_limit = "{hard}"',
+        r'^soft_limit = ".*"$': f'soft_limit = "{soft}"',
+        r'^ballast = ".*"$': 'ballast = "4MiB"',
+        r'^checkpoint_estimate = ".*"$': 'checkpoint_estimate = "8MiB"',
+        r'^margin = ".*"$': 'margin = "2MiB"',
+        r"^interval = 0.5$": "interval = 0.1",
+        r'DEMO_CKPT_BYTES = "1048576"': f'DEMO_CKPT_BYTES = "{CKPT}"',
+    })
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("disk-ref")
+    campaign = make_tree(root, rounds=4, edits={r'DEMO_CKPT_BYTES = "1048576"': f'DEMO_CKPT_BYTES = "{CKPT}"'})
+    try:
+        assert run_daemon(campaign).returncode == 0
+    finally:
+        kill_tree_leftovers(root)
+    return root
+
+
+def _parks(root: Path) -> list[dict[str, object]]:
+    return [r for r in journal(root) if r["event"] == "transition" and r.get("dst") == "PAUSED_DISK"]
+
+
+def _trainer_saw_enospc(root: Path) -> bool:
+    return any("No space left" in p.read_text(errors="replace")
+               for p in (root / "state").parent.rglob("r*-train.log"))
+
+
+def test_small_volume_parks_before_enospc_then_resumes_identically(tmpfs, reference: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A volume too small for the campaign parks in PAUSED_DISK (exit 4) before the trainer sees
+    ENOSPC; once the volume grows, `run` resumes and the results equal an uninterrupted run."""
+    volume = tmpfs("36m")
+    campaign = _tree(tmp_path, volume, rounds=4)
+    try:
+        first = run_daemon(campaign)
+        assert first.returncode == 4, first.stderr[-2000:]
+        st = status(tmp_path)
+        assert st["state"] == "PAUSED_DISK" and st["stop_reason"] == "disk"
+        park = _parks(tmp_path)[-1]
+        assert park["free_bytes"] and park["soft_limit_bytes"] and park["hard_limit_bytes"]
+        assert not _trainer_saw_enospc(tmp_path)
+        subprocess.run(["mount", "-o", "remount,size=128m", str(volume)], check=True)
+        second = run_daemon(campaign)
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert results(tmp_path) == results(reference)
+
+
+def _fill(volume: Path, leave: int) -> Path:
+    """Another process's file that leaves about ``leave`` bytes free."""
+    st = os.statvfs(volume)
+    free = st.f_bavail * st.f_frsize
+    hog = volume / "someone-elses-file"
+    with open(hog, "ab") as fh:
+        try:
+            fh.write(b"\0" * max(0, free - leave))
+        except OSError:
+            pass
+    return hog
+
+
+def test_sudden_fill_during_train_is_a_hard_stop_within_an_interval(tmpfs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Another process fills the volume during TRAIN: the daemon releases the ballast, stops the
+    trainer, persists PAUSED_DISK and exits 4; no partial checkpoint is taken for complete and no
+    complete checkpoint is deleted."""
+    volume = tmpfs("64m")
+    campaign = _tree(tmp_path, volume, rounds=2)
+    daemon = start_daemon(campaign)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if status(tmp_path).get("state") == "TRAIN" and status(tmp_path).get("step", 0) >= 3:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        t_fill = time.time()
+        _fill(volume, leave=2 * MiB)
+        out, _ = daemon.communicate(timeout=60)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        kill_tree_leftovers(tmp_path)
+    assert daemon.returncode == 4, out[-2000:]
+    recs = journal(tmp_path)
+    hard = [r for r in recs if r["event"] == "disk.hard_limit"]
+    assert hard and hard[0]["t"] - t_fill < 1.0 + 0.1  # within one interval (0.1 s) plus slack
+    ballast = list(Path(volume).rglob(".shoprld-ballast"))
+    assert ballast == []
+    from shoprld.daemon import checkpoints as ckpt
+
+    save = next(Path(volume).rglob("checkpoints/megatron"))
+    scan = ckpt.scan(save)
+    assert not scan.partials  # torn saves were cleaned once no trainer ran
+    assert status(tmp_path)["state"] == "PAUSED_DISK"
+
+
+def test_fill_at_seeded_moments_always_parks_cleanly_and_resumes(tmpfs, reference: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Fill the volume at several seeded moments of one campaign; each time it parks cleanly, and
+    after the space is freed it resumes, ending with the reference results."""
+    import random
+
+    rng = random.Random(20261130)
+    volume = tmpfs("96m")
+    campaign = _tree(tmp_path, volume, rounds=4)
+    moments = sorted(rng.uniform(0.5, 8.0) for _ in range(int(os.environ.get("SHOPRLD_FILL_MOMENTS", "4"))))
+    parks = 0
+    try:
+        for delay in moments:
+            daemon = start_daemon(campaign)
+            time.sleep(delay)
+            hog = _fill(volume, leave=2 * MiB)
+            daemon.communicate(timeout=120)
+            hog.unlink()
+            if daemon.returncode == 0:
+                break
+            assert daemon.returncode == 4
+            parks += 1
+        final = run_daemon(campaign)
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert parks >= 1
+    assert results(tmp_path) == results(reference)

@@ -1,0 +1,206 @@
+"""TRAIN as real Ray jobs: a real local head on loopback, the trainer stand-in as the job,
+the daemon SIGKILLed mid-job and restarted.
+
+Slow suite (``tests/integration/run_real_ray.sh`` makes a venv with ``ray[default]``); it
+skips where ``ray`` is not importable. Safety: the head runs in a session of its own and is
+stopped by that session id (SIGTERM, then SIGKILL, to every pid in it), never with
+``ray stop`` (which kills every Ray on the machine) and never by name. Loopback only;
+every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray", reason="ray[default] is not installed (tests/integration/run_real_ray.sh)")
+
+import httpx  # noqa: E402
+
+from shoprld.daemon.config import load_config  # noqa: E402
+from shoprld.daemon.demo import create_tree  # noqa: E402
+from shoprld.daemon.layout import Layout  # noqa: E402
+from shoprld.daemon.raylauncher import session_pids  # noqa: E402
+
+RUNNER = Path(__file__).resolve().parent / "ray_campaign_runner.py"
+RAY_BIN = Path(sys.executable).parent / "ray"
+PREFIX = "shoprld-demo-qwen35-4b-train-100-"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(pred, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = pred()
+        except (httpx.HTTPError, OSError, ValueError):
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def stop_session_sync(sid: int, grace: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL, every pid in session ``sid``; bounded waits."""
+    assert sid > 1 and sid != os.getsid(0)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        for pid in session_pids(sid):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not session_pids(sid):
+            return
+
+
+class Head:
+    """A real Ray head in its own session, on loopback ports picked free."""
+
+    def __init__(self) -> None:
+        if not RAY_BIN.exists():
+            pytest.skip(f"no ray CLI next to {sys.executable}")
+        self.temp = Path(tempfile.mkdtemp(prefix="shoprld-ray-", dir="/tmp"))  # short: AF_UNIX paths
+        self.dashboard = free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard}"
+        argv = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard}", f"--port={free_port()}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                "--num-cpus=2", f"--temp-dir={self.temp}", "--disable-usage-stats"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        self.log = open(self.temp / "head.out", "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+        self.sid = self.proc.pid
+        try:
+            wait_for(self.ready, 180, "the Ray dashboard's Jobs API")
+        except BaseException:
+            self.close()
+            raise
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"ray start exited {self.proc.returncode}: {(self.temp / 'head.out').read_text()[-2000:]}")
+        with httpx.Client(base_url=self.address, trust_env=False, timeout=3) as c:
+            return c.get("/api/version").status_code == 200 and c.get("/api/jobs/").status_code == 200
+
+    def jobs(self) -> list[dict]:  # type: ignore[type-arg]
+        with httpx.Client(base_url=self.address, trust_env=False, timeout=10) as c:
+            return [j for j in c.get("/api/jobs/").json() if str(j.get("submission_id") or "").startswith(PREFIX)]
+
+    def close(self) -> None:
+        stop_session_sync(self.sid)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    h = Head()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def tagged_sessions(state_dir: Path) -> set[int]:
+    """Sessions of the local children a daemon of this tree started (its SHOPRLD_CHILD tag)."""
+    want = f"SHOPRLD_CHILD={state_dir}|".encode()
+    out: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if want in Path(f"/proc/{entry.name}/environ").read_bytes():
+                    out.add(os.getsid(int(entry.name)))
+            except OSError:
+                continue
+    return out
+
+
+def start_daemon(campaign: Path, out: Path) -> subprocess.Popen[bytes]:
+    with open(out, "ab") as fh:
+        return subprocess.Popen([sys.executable, str(RUNNER), str(campaign)], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitted(
+        head: Head, tmp_path: Path) -> None:
+    """Two rounds run TRAIN as Ray jobs; the daemon is SIGKILLed while round 0's job runs and
+    restarted; the Jobs API then shows exactly one job per round, all SUCCEEDED, and the
+    campaign completes."""
+    campaign = create_tree(tmp_path, fast=True, rounds=2)
+    text = campaign.read_text()
+    text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.M)
+    text, n2 = re.subn(r'^step_seconds = ".*"$', 'step_seconds = "0.4"', text, flags=re.M)
+    assert n1 == 1 and n2 == 1
+    campaign.write_text(text)
+    cfg = load_config(campaign)
+    layout = Layout.from_config(cfg)
+    state_dir = layout.state_dir
+    log0 = layout.stage_log(0, "TRAIN")
+    out = tmp_path / "daemon.out"
+    started = time.monotonic()
+    daemon = start_daemon(campaign, out)
+    try:
+        # Mid-job: the job is RUNNING and has logged a few rollouts into the stage log.
+        wait_for(lambda: [j for j in head.jobs() if j["status"] == "RUNNING"], 120, "round 0's job RUNNING")
+        wait_for(lambda: log0.exists() and re.search(r"^rollout [3-9]", log0.read_text(), re.M), 120,
+                 "rollout 3 in the stage log")
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        [job] = head.jobs()
+        assert job["status"] in ("PENDING", "RUNNING"), job["status"]  # the job outlived the daemon
+        daemon = start_daemon(campaign, out)
+        rc = daemon.wait(timeout=300)
+        elapsed = time.monotonic() - started
+        assert rc == 0, out.read_text()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=10)
+        for sid in tagged_sessions(state_dir):
+            stop_session_sync(sid, grace=5)
+    jobs = head.jobs()
+    by_round: dict[str, list[str]] = {}
+    for j in jobs:
+        rid = j["submission_id"][len(PREFIX):].rsplit("-", 1)[0]
+        by_round.setdefault(rid, []).append(j["submission_id"])
+    assert by_round == {"round-000": [f"{PREFIX}round-000-1"], "round-001": [f"{PREFIX}round-001-1"]}, jobs
+    assert {j["status"] for j in jobs} == {"SUCCEEDED"}
+    for j in jobs:
+        assert "WANDB_API_KEY" in j["runtime_env"]["env_vars"]
+        assert "demo-fake-wandb-key" not in j["entrypoint"]
+    text0 = log0.read_text()
+    assert "re-attach trainer: ray job " + f"{PREFIX}round-000-1" in text0
+    assert re.search(r"^rollout 19/20", text0, re.M)
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["state"] == "DONE"
+    ledger = layout.ledger.read_text().splitlines()
+    assert any(f"{PREFIX}round-000-1" in line for line in ledger)
+    print(f"\nreal-ray campaign with a SIGKILL mid-job: {elapsed:.1f}s, jobs: {sorted(j['submission_id'] for j in jobs)}")
