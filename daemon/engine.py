@@ -68,8 +68,8 @@ CHILD_TAG = "SHOPRLD_CHILD"
 # Fault-injection seam for the crash tests (documented in tests/README.md): a list of
 # STATE:POINT:ROUND entries; at the first matching point not yet fired (a marker file in
 # SHOPRLD_TEST_KILL_DIR), the daemon SIGKILLs itself. POINT is `enter` (transition
-# persisted), `mid` (the stage's first child spawned) or `done` (the stage's output is on
-# disk, its outcome not yet persisted).
+# persisted), `mid` (the stage's first child spawned), `spawn-<role>` (that child spawned
+# and recorded) or `done` (the stage's output is on disk, its outcome not yet persisted).
 _KILL_SPEC = os.environ.get("SHOPRLD_TEST_KILL", "")
 _KILL_DIR = os.environ.get("SHOPRLD_TEST_KILL_DIR", "")
 
@@ -388,7 +388,13 @@ class Engine:
             await self.send.send(("outcome", state, attempt, outcome))
 
     async def _stop_strays(self, state: State) -> None:
-        """Children a crashed daemon left that this state will not adopt are stopped now."""
+        """Children a crashed daemon left that this round state will not adopt are stopped now.
+
+        Only round states decide: during PREFLIGHT_DISK and START_SHOPSIM the round to resume
+        is not known yet, and a running trainer must survive until TRAIN adopts it.
+        """
+        if state not in ROUND_STATES:
+            return
         for role in list(self.adoptable):
             if role == "shopsim" or role in MODULES[state].ADOPTS:
                 continue
@@ -421,6 +427,7 @@ class Engine:
         self.children[child.record.role] = child
         self._persist()
         _maybe_die(self.machine.state, "mid", self.round)
+        _maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
 
     def _unregister(self, child: Child) -> None:
         if self.children.get(child.record.role) is child:

@@ -88,18 +88,27 @@ class Store:
         """
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+        # `shoprld status` takes a shared lock for a moment to test liveness: retry briefly,
+        # so a status call at the instant a daemon starts cannot make it exit 3.
+        deadline = time.monotonic() + 0.3
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                err = exc
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
-                raise
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise LockError(
-                f"{self.dir}: another shoprld daemon (pid {holder}) runs this campaign; "
-                f"fix: `shoprld status` to see it, `shoprld stop` to stop it"
-            ) from None
+                raise LockError(
+                    f"{self.dir}: another shoprld daemon (pid {holder}) runs this campaign; "
+                    f"fix: `shoprld status` to see it, `shoprld stop` to stop it"
+                ) from err
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd

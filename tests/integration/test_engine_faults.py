@@ -174,3 +174,22 @@ def test_missing_secret_stops_before_any_work(tmp_path: Path) -> None:
     assert "WANDB_API_KEY is not set" in proc.stderr and str(tmp_path / "repo" / ".env") in proc.stderr
     assert not (tmp_path / "state" / "journal.jsonl").exists()
     assert json.dumps(proc.stderr).count("\\n") == 1
+
+
+def test_daemon_crash_mid_train_adopts_the_running_trainer(reference: Path, tmp_path: Path) -> None:
+    """SIGKILL the daemon while slime runs: the restarted daemon adopts the same trainer (same pid,
+    no second launch), so no step is lost, and the results are identical."""
+    campaign = make_tree(tmp_path, rounds=ROUNDS, edits={r'^step_seconds = ".*"$': 'step_seconds = "0.05"'})
+    env = {"SHOPRLD_TEST_KILL": "TRAIN:spawn-trainer:1", "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
+    assert run_daemon(campaign, env=env).returncode == -9
+    trainer_pid = json.loads((tmp_path / "state" / "state.json").read_text())["children"]["trainer"]["pid"]
+    assert Path(f"/proc/{trainer_pid}").exists()  # it outlived the daemon (own session)
+    assert run_daemon(campaign).returncode == 0
+    adopted = [r for r in journal(tmp_path) if r["event"] == "child.adopted" and r.get("role") == "trainer"]
+    assert [r["pid"] for r in adopted] == [trainer_pid]
+    # The first daemon died right after recording the trainer (before journaling its spawn);
+    # the second launched none for round 1: it adopted.
+    relaunched = [r for r in journal(tmp_path) if r["event"] == "stage.spawn" and r.get("role") == "trainer"
+                  and r["round"] == 1]
+    assert relaunched == []
+    assert results(tmp_path) == results(reference)

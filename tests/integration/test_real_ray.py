@@ -204,3 +204,58 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     ledger = layout.ledger.read_text().splitlines()
     assert any(f"{PREFIX}round-000-1" in line for line in ledger)
     print(f"\nreal-ray campaign with a SIGKILL mid-job: {elapsed:.1f}s, jobs: {sorted(j['submission_id'] for j in jobs)}")
+
+
+def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by_session(tmp_path: Path) -> None:
+    """With train.ray_start_head the launcher starts `ray start --head --block` in its own
+    session with RAY_TMPDIR in a deep experiment dir (through the short /tmp link, since
+    Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
+    import anyio
+
+    from shoprld.daemon.config import config_from_dict
+    from shoprld.daemon.raylauncher import RayLauncher, ray_tmpdir_path
+
+    if not RAY_BIN.exists():
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    dash = free_port()
+    deep = tmp_path / ("volume-" + "x" * 40)
+    head_cmd = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--port={free_port()}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                "--num-cpus=2", "--disable-usage-stats"]
+    cfg = config_from_dict({
+        "campaign": {"name": "deep", "experiment": "exp", "rounds": 1, "steps_per_round": 1},
+        "storage": {"repo": str(tmp_path / "repo"), "ephemeral_root": str(deep), "state_dir": str(tmp_path / "st")},
+        "wandb": {"enabled": False},
+        "train": {"launcher": "ray", "ray_address": f"http://127.0.0.1:{dash}", "ray_start_head": True,
+                  "ray_head_command": head_cmd, "command": ["true"]},
+    }, tmp_path / "c.toml")
+    layout = Layout.from_config(cfg, environ={})
+    (tmp_path / "repo").mkdir()
+    link = ray_tmpdir_path(layout)
+    assert link != layout.ray_tmp  # the real path is too long for Ray's sockets
+    launcher = RayLauncher(cfg, layout, poll=0.2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    sid = 0
+
+    async def run() -> None:
+        nonlocal sid
+        with anyio.fail_after(240):
+            argv = [sys.executable, "-c", "print('rollout 0', flush=True)"]
+            child = await launcher.start("trainer", argv, env=env, cwd=tmp_path / "repo",
+                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=argv)
+            assert launcher.head is not None
+            sid = launcher.head.pid
+            assert await child.wait() == 0
+            assert any(p.name.startswith("session_") for p in (layout.ray_tmp / "ray").iterdir())
+            assert await launcher.stop_head(grace=15.0)
+        await launcher.client.aclose()
+
+    try:
+        anyio.run(run)
+        assert sid and session_pids(sid) == []
+        assert "rollout 0" in layout.stage_log(0, "TRAIN").read_text()
+    finally:
+        if sid:
+            stop_session_sync(sid, grace=5)
+        link.unlink(missing_ok=True)

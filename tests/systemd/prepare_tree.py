@@ -3,6 +3,7 @@
     /srv/shoprld/demo.toml   the demo campaign, paced: 3 rounds of 20 steps x 0.5 s
     /srv/shoprld/wd.toml     the same campaign named "wd" (the watchdog test)
     /srv/shoprld/park.toml   named "park", its ephemeral root on a small tmpfs (the disk test)
+                             and its own checkout, park-repo/
     /srv/shoprld/{repo,ephemeral,models}   shared, as on a real box (one repo, one volume)
 
 None of them sets storage.state_dir, so the daemon uses $STATE_DIRECTORY
@@ -13,6 +14,7 @@ Usage: python prepare_tree.py ROOT PARK_VOLUME
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,7 +32,11 @@ def main(root: Path, park_volume: Path) -> None:
     assert 'step_seconds = "0.5"' in text and "rounds = 3" in text and "state_dir" not in text
     (root / "demo.toml").write_text(text)
     (root / "wd.toml").write_text(text.replace('name = "demo"', 'name = "wd"', 1))
+    # park has its own checkout: <project_root>/runs is a symlink into ONE campaign's volume,
+    # so two campaigns on two volumes cannot share a project root (preflight refuses it).
+    shutil.copytree(root / "repo", root / "park-repo", symlinks=True, ignore=shutil.ignore_patterns("runs"))
     park = text.replace('name = "demo"', 'name = "park"', 1)
+    park = park.replace('repo = "repo"', 'repo = "park-repo"', 1)
     park = park.replace('ephemeral_root = "ephemeral"', f'ephemeral_root = "{park_volume}"', 1)
     for key, value in (("checkpoint_estimate", "1MiB"), ("hf_estimate", "1MiB"), ("margin", "2MiB"),
                        ("hard_limit", "8MiB"), ("soft_limit", "12MiB"), ("hysteresis", "1MiB"),

@@ -96,7 +96,7 @@ if [ "$(cat "$WH/.stamp" 2>/dev/null)" != "$STAMP" ]; then
   rm -rf "$WH"; mkdir -p "$WH"
   # shellcheck disable=SC2086
   timeout 600 "$HOSTPY" -m pip download -q --only-binary=:all: -d "$WH" -c "$W/constraints.txt" $DEPS \
-    || die "pip download failed"
+    > "$OUT/pip-download.log" 2>&1 || { tail -5 "$OUT/pip-download.log"; die "pip download failed"; }
   echo "$STAMP" > "$WH/.stamp"
 fi
 
@@ -251,7 +251,7 @@ t_install() {
   # template's ReadWritePaths (the documented per-campaign drop-in)
   mkdir -p "$ROOT/etc/systemd/system/shoprld@wd.service.d" "$ROOT/etc/systemd/system/shoprld@park.service.d"
   printf '[Service]\nWatchdogSec=3s\n' > "$ROOT/etc/systemd/system/shoprld@wd.service.d/50-test.conf"
-  printf '[Service]\nReadWritePaths=-%s\n' "$PARKVOL" > "$ROOT/etc/systemd/system/shoprld@park.service.d/50-test.conf"
+  printf '[Service]\nReadWritePaths=-%s -/srv/shoprld/park-repo\n' "$PARKVOL" > "$ROOT/etc/systemd/system/shoprld@park.service.d/50-test.conf"
   C systemctl daemon-reload
   DETAIL="installed via '$HOW'; verify clean; $(grep -c . "$OUT/unit.service") lines"
 }
@@ -336,8 +336,8 @@ t_watchdog() {
   local took; took=$(echo "$(date +%s.%N) - $s" | bc)
   snap status-5-watchdog.txt wd
   grep -q 'Watchdog timeout' "$OUT/status-5-watchdog.txt" || { DETAIL="no 'Watchdog timeout' in the journal"; return 1; }
-  C systemctl stop shoprld@wd.service || true
   DETAIL="SIGSTOP $W1 -> 'Watchdog timeout (limit 3s)' -> restarted as $(prop wd MainPID) ${took}s later"
+  C systemctl stop shoprld@wd.service || true
 }
 
 run_check install t_install
@@ -349,7 +349,11 @@ if [ "$FAILED" = 0 ]; then
   run_check watchdog_stall t_watchdog
 fi
 C journalctl -u 'shoprld@*' -o short-precise --no-pager > "$OUT/journal.txt" 2>&1 || true
-C sh -c 'cat /var/lib/shoprld/demo/journal.jsonl' > "$OUT/demo-journal.jsonl" 2>/dev/null || true
+for i in demo wd park; do cp "$ROOT/var/lib/shoprld/$i/journal.jsonl" "$OUT/$i-journal.jsonl" 2>/dev/null || true; done
+rm -rf "$OUT/logs"; mkdir -p "$OUT/logs"
+for d in "$W"/srv/ephemeral/nemo-rl/*/nemo-rl-auto-research/*/*/logs; do
+  [ -d "$d" ] && cp -r "$d" "$OUT/logs/$(basename "$(dirname "$(dirname "$d")")")"
+done
 TOTAL=$(( $(date +%s) - t0 ))
 { echo "shoprld real-systemd suite: $(grep -c '"ok": true' "$RESULTS") passed, $FAILED failed, ${TOTAL}s"
   echo "systemd in the container: $(C systemctl --version | head -1)"; cat "$RESULTS"; } | tee "$OUT/summary.txt"
