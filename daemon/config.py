@@ -265,7 +265,8 @@ class TrainSection(ProcessSpec):
     stall_factor: float = Field(default=3.0, gt=0)
     stall_min: Duration = 1800.0
     stall_policy: Literal["restart", "alert"] = "restart"
-    progress_pattern: str = r"rollout (\d+)"
+    # slime-style progress lines; anchored so the launch header (--num-rollout N) never matches.
+    progress_pattern: str = r"(?m)^rollout (\d+)\b"
     # Ray Jobs launcher.
     ray_address: str = "http://127.0.0.1:8265"
     ray_start_head: bool = False

@@ -146,7 +146,8 @@ async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
                     step_times.append((now - last_step_at) / max(1, rid - last_id))
                 if last_id is None or rid > last_id:
                     last_id, last_step_at = rid, now
-                    ctx.emit("train.progress", rollout=rid, step=max(0, rid - start_iter),
+                    step = min(ctx.cfg.campaign.steps_per_round, max(0, rid - start_iter))
+                    ctx.emit("train.progress", rollout=rid, step=step,
                              step_seconds=statistics.median(step_times) if step_times else None)
             # Before the first step slime loads the model and warms SGLang up, which takes
             # longer than a step: allow stall_factor x stall_min for that.

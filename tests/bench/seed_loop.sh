@@ -263,7 +263,8 @@ serve_checkpoint() {
   for _ in $(seq 1 120); do
     # PORT: + /get_model_info, because the stand-in binds before loading (see the header).
     curl -sf -m 3 "http://127.0.0.1:${SGLANG_PORT}/v1/models" >/dev/null \
-      && curl -sf -m 3 "http://127.0.0.1:${SGLANG_PORT}/get_model_info" >/dev/null && return
+      && curl -sf -m 3 "http://127.0.0.1:${SGLANG_PORT}/get_model_info" | grep '"weights_fingerprint": "' >/dev/null \
+      && return
     sleep "${SLEEP_2}"
   done
   echo "sglang val server did not become ready; see ${PROJECT_ROOT}/runs/sglang-val.log" >&2
