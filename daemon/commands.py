@@ -172,7 +172,7 @@ def describe_commands(cfg: Config, layout: Layout, secrets: Secrets) -> list[str
         v = ctx.values()
         home = layout.project_root
 
-        def argv(template: Sequence[str]) -> list[str]:
+        def argv(template: Sequence[str], ctx: RoundContext = ctx) -> list[str]:
             return ctx.argv(template) if template else []
 
         out.append(f"round {r} ({v['round_id']}): --num-rollout {v['num_rollout']} (ends at iter_"
@@ -283,13 +283,13 @@ def _load_config_file(path: Path) -> dict[str, Any] | None:
     except ValueError:
         pass
     try:
-        import yaml  # PyYAML, where installed (the tools' own env has it)
+        import yaml  # type: ignore[import-untyped, import-not-found, unused-ignore]  # PyYAML, where installed
 
         data = yaml.safe_load(text)
         return data if isinstance(data, dict) else None
     except ImportError:
         return _mini_yaml(text)
-    except Exception:
+    except Exception:  # yaml.YAMLError and friends: unreadable as a config  # noqa: BLE001
         return None
 
 

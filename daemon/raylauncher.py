@@ -60,7 +60,7 @@ import anyio
 import httpx
 
 from .config import Config, expand
-from .errors import ConfigError, ShoprldError
+from .errors import ConfigError
 from .layout import Layout
 from .processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 
@@ -79,8 +79,13 @@ _RAY_SOCKET_SUFFIX = 70
 _AF_UNIX_MAX = 107
 
 
-class RayJobsError(ShoprldError):
-    """The Ray Jobs API refused a request or cannot be reached."""
+class RayJobsError(ConnectionError):
+    """The Ray Jobs API refused a request or cannot be reached.
+
+    A ConnectionError (an OSError) on purpose: the engine retries a stage that raises one,
+    with backoff, where a ShoprldError would end the daemon; a dashboard that restarts
+    must not end a campaign whose job runs on.
+    """
 
 
 def _now() -> str:
@@ -92,7 +97,8 @@ class RayJobsClient:
     """The four Jobs endpoints shoprld uses, plus the list. ``address`` is the dashboard URL."""
 
     def __init__(self, address: str, *, transport: httpx.AsyncBaseTransport | None = None,
-                 sync_transport: httpx.BaseTransport | None = None, timeout: float = 10.0) -> None:
+                 sync_transport: httpx.BaseTransport | None = None, timeout: float = 30.0) -> None:
+        # 30 s: a dashboard busy starting a head (or a job's runtime env) answers slowly.
         self.address = address.rstrip("/")
         self._transport, self._sync_transport, self._timeout = transport, sync_transport, timeout
         self._http: httpx.AsyncClient | None = None
@@ -327,7 +333,7 @@ class RayJobChild(Child):
                 await self.pull_logs(force=True)
             except RayJobsError:
                 pass
-            return self.returncode
+        return self.returncode
 
     def signal_group(self, sig: int) -> None:
         """A signal means stop: the job's processes are Ray's to signal, not ours."""
@@ -512,26 +518,28 @@ class RayLauncher:
             await self.ensure_head(values)
         log.parent.mkdir(parents=True, exist_ok=True)
 
-        jobs = await self.client.list()
-        ours = [(self._parse(j.get("submission_id")), j) for j in jobs]
-        ours = [(p, j) for p, j in ours if p is not None]
-        for (rid, _), j in ours:  # one trainer per save dir: another round's live job goes first
-            if rid != round_id and j.get("status") in LIVE:
+        ours: list[tuple[str, int, dict[str, Any]]] = []
+        for j in await self.client.list():
+            parsed = self._parse(j.get("submission_id"))
+            if parsed is not None:
+                ours.append((parsed[0], parsed[1], j))
+        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
+                      key=lambda t: t[0])
+        keep = live[-1][1] if live else None
+        for rid, _, j in ours:  # one trainer per save dir: any other live job of ours goes first
+            if j.get("status") in LIVE and j is not keep:
                 other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
                 await other.stop(self.cfg.train.grace)
-        live = sorted(((p[1], j) for p, j in ours if p[0] == round_id and j.get("status") in LIVE),
-                      key=lambda t: t[0])
-        if live:
-            n, job = live[-1]
-            sid = str(job["submission_id"])
-            child = self._child(sid, role, log, list(redacted_argv), str(job.get("status")))
-            child._note(f"re-attach {role}: ray job {sid} ({job.get('status')}) at {self.client.address}")
-            if str(job.get("entrypoint", "")) != entrypoint:
+        if keep is not None:
+            sid = str(keep["submission_id"])
+            child = self._child(sid, role, log, list(redacted_argv), str(keep.get("status")))
+            child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
+            if str(keep.get("entrypoint", "")) != entrypoint:
                 child._note("note: the live job's entrypoint differs from the recipe's; it keeps running as "
                             "submitted (stop the campaign to pick up the change)")
             self._note_job(round_id, sid)
             return child
-        n = 1 + max((p[1] for p, _ in ours if p[0] == round_id), default=0)
+        n = 1 + max((n for rid, n, _ in ours if rid == round_id), default=0)
         sid = self.submission_id(round_id, n)
         _append(log, f"=== shoprld {_now()} start {role}: ray job {sid} at {self.client.address}: {shown}\n"
                      f"=== shoprld runtime_env.env_vars: {', '.join(sorted(env_vars))}\n")

@@ -304,9 +304,9 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
                 f"{config}, or prefix those commands with STATE_DIRECTORY={unit_state}")
     if cfg.campaign.name != inst:
         warnings.append(f"the campaign is named {cfg.campaign.name!r} but the unit instance is {inst!r} "
-                        f"(from the file name); name the file {cfg.campaign.name}.toml to keep them apart")
+                        f"(from the file name); name the file {cfg.campaign.name}.toml so that they agree")
     if not cfg.storage.user:
-        here = Layout.from_config(cfg, environ).brev_root
+        here = Layout.from_config(cfg, dict(environ)).brev_root
         there = Layout.from_config(cfg, {**env, "USER": run_user}).brev_root
         if here != there:
             warnings.append(f"storage.user is unset: under the unit (USER={run_user}) the campaign lives in "

@@ -44,7 +44,7 @@ from shoprld.daemon.processes import Child, LocalLauncher, wait_port_free
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
 sys.path.insert(0, str(DEMO))
-import _common  # noqa: E402
+import _common
 
 REAL = {"compile_s": 330.0, "serve_s": 90.0, "val_s": 345.0, "gate_s": 345.0}
 

@@ -50,7 +50,7 @@ from shoprld.daemon.services import ValServerService
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
 sys.path.insert(0, str(DEMO))
-import _common  # noqa: E402  (the demo's HF writer)
+import _common
 
 
 async def run_mode(root: Path, *, reuse: bool, rounds: int, load_s: float) -> list[dict[str, float]]:

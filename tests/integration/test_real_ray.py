@@ -29,12 +29,12 @@ pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="ray[default] is not installed (tests/integration/run_real_ray.sh)")
 
-import httpx  # noqa: E402
+import httpx
 
-from shoprld.daemon.config import load_config  # noqa: E402
-from shoprld.daemon.demo import create_tree  # noqa: E402
-from shoprld.daemon.layout import Layout  # noqa: E402
-from shoprld.daemon.raylauncher import session_pids  # noqa: E402
+from shoprld.daemon.config import load_config
+from shoprld.daemon.demo import create_tree
+from shoprld.daemon.layout import Layout
+from shoprld.daemon.raylauncher import session_pids
 
 RUNNER = Path(__file__).resolve().parent / "ray_campaign_runner.py"
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -120,7 +120,7 @@ class Head:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def head() -> Iterator[Head]:
     h = Head()
     try:
@@ -156,8 +156,8 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     campaign completes."""
     campaign = create_tree(tmp_path, fast=True, rounds=2)
     text = campaign.read_text()
-    text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.M)
-    text, n2 = re.subn(r'^step_seconds = ".*"$', 'step_seconds = "0.4"', text, flags=re.M)
+    text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
+    text, n2 = re.subn(r'^step_seconds = ".*"$', 'step_seconds = "0.4"', text, flags=re.MULTILINE)
     assert n1 == 1 and n2 == 1
     campaign.write_text(text)
     cfg = load_config(campaign)
@@ -170,7 +170,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     try:
         # Mid-job: the job is RUNNING and has logged a few rollouts into the stage log.
         wait_for(lambda: [j for j in head.jobs() if j["status"] == "RUNNING"], 120, "round 0's job RUNNING")
-        wait_for(lambda: log0.exists() and re.search(r"^rollout [3-9]", log0.read_text(), re.M), 120,
+        wait_for(lambda: log0.exists() and re.search(r"^rollout [3-9]", log0.read_text(), re.MULTILINE), 120,
                  "rollout 3 in the stage log")
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(timeout=10)
@@ -198,7 +198,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
         assert "demo-fake-wandb-key" not in j["entrypoint"]
     text0 = log0.read_text()
     assert "re-attach trainer: ray job " + f"{PREFIX}round-000-1" in text0
-    assert re.search(r"^rollout 19/20", text0, re.M)
+    assert re.search(r"^rollout 19/20", text0, re.MULTILINE)
     status = json.loads((state_dir / "status.json").read_text())
     assert status["state"] == "DONE"
     ledger = layout.ledger.read_text().splitlines()
@@ -211,7 +211,6 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     session with RAY_TMPDIR in a deep experiment dir (through the short /tmp link, since
     Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
     import anyio
-
     from shoprld.daemon.config import config_from_dict
     from shoprld.daemon.raylauncher import RayLauncher, ray_tmpdir_path
 

@@ -3,9 +3,9 @@
 #
 # Boots a REAL systemd with systemd-nspawn on a cached debootstrapped Debian (bookworm), with
 # shoprld installed in a venv inside it, and checks under it: start (Type=notify, READY=1), the
-# STATUS= line in `systemctl status`, kill -9 -> restart -> resume at the same round, a graceful
-# `systemctl stop` (exit 0, STOPPED), a disk park (exit 4) that is NOT restarted, and a watchdog
-# stall (SIGSTOP) that systemd detects and restarts.
+# STATUS= line in `systemctl status`, kill -9 -> restart -> resume at the same round, reload
+# (ExecReload -> SIGHUP), a graceful `systemctl stop` (exit 0, STOPPED), a disk park (exit 4)
+# that is NOT restarted, and a watchdog stall (SIGSTOP) that systemd detects and restarts.
 #
 # SAFETY (../shared/REFERENCE.md): systemd is never started from the machine's root cgroup. Every
 # nspawn runs in a subshell that first moved itself into a dedicated child cgroup in every
@@ -257,38 +257,63 @@ t_install() {
 }
 
 # -- 6. the checks -------------------------------------------------------------------------------
-in_round1_train() { [ "$(sj demo "s.get('state') == 'TRAIN' and s.get('round', 0) >= 1 and s.get('step', 0) >= 2")" = True ]; }
+in_round1_train() { [ "$(sj demo "s.get('state') == 'TRAIN' and s.get('round') == 1")" = True ]; }
 t_start() {
   local s; s=$(date +%s.%N)
   C systemctl start shoprld@demo.service || { DETAIL="systemctl start failed: $(prop demo Result)"; return 1; }
   local took; took=$(echo "$(date +%s.%N) - $s" | bc)
   [ "$(prop demo ActiveState)" = active ] || { DETAIL="not active after start"; return 1; }
-  wait_for 120 "demo in round-001 TRAIN, step >= 2" in_round1_train || return 1
+  wait_for 120 "demo in round-001 TRAIN" in_round1_train || return 1
+  sleep 3  # a few steps into the round (20 steps x 0.5 s)
+  in_round1_train || { DETAIL="round-001 TRAIN was over within 3 s"; return 1; }
   snap status-1-running.txt demo
   local line; line=$(grep -m1 'Status: "' "$OUT/status-1-running.txt" || true)
   [[ "$line" =~ Status:\ \"round\ 2/3\ TRAIN\ step\ [0-9]+/20 ]] || { DETAIL="no STATUS line: '$line'"; return 1; }
-  DETAIL="start returned after READY=1 in ${took}s; ${line## }"
+  DETAIL="start returned after READY=1 in ${took}s; $(echo $line)"
 }
 
-resumed() {
-  local p; p=$(prop demo MainPID)
-  [ "$p" != 0 ] && [ "$p" != "$P1" ] && [ "$(prop demo ActiveState)" = active ] \
-    && [ "$(sj demo "s['daemon']['pid'] == $p and s.get('state') == 'TRAIN'")" = True ]
+# after the last start (the "resume" transition): the reconcile round, and the round TRAIN was re-spawned in
+resume_facts() {
+  "$HOSTPY" - "$ROOT/var/lib/shoprld/demo/journal.jsonl" <<'EOF' 2>/dev/null || true
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+idx = max((i for i, e in enumerate(ev) if e.get("event") == "transition" and e.get("trigger") == "resume"), default=None)
+if idx is None:
+    sys.exit(0)
+after = ev[idx + 1:]
+rec = [e["round"] for e in after if e.get("event") == "reconcile"]
+train = [e["round"] for e in after if e.get("event") == "stage.spawn" and e.get("role") == "trainer"]
+print(f"{rec[0] if rec else ''} {train[0] if train else ''}")
+EOF
 }
+trainer_respawned() { local f; f=$(resume_facts); [ -n "$f" ] && [ -n "${f#* }" ]; }
 t_kill9() {
-  P1=$(prop demo MainPID); R1=$(sj demo "s['round']"); local st1; st1=$(sj demo "s.get('step')")
+  P1=$(prop demo MainPID); R1=$(sj demo "s['round']")
   C sh -c "kill -9 $P1"
   local s; s=$(date +%s.%N)
-  wait_for 90 "a new main pid, active, back in TRAIN" resumed || return 1
+  wait_for 90 "the restarted daemon to re-spawn the trainer" trainer_respawned || return 1
   local took; took=$(echo "$(date +%s.%N) - $s" | bc)
-  local p2 nr r2; p2=$(prop demo MainPID); nr=$(prop demo NRestarts); r2=$(sj demo "s['round']")
+  local p2 nr facts rec tr starts; p2=$(prop demo MainPID); nr=$(prop demo NRestarts)
+  facts=$(resume_facts); rec=${facts% *}; tr=${facts#* }
+  starts=$("$HOSTPY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("starts"))' \
+           "$ROOT/var/lib/shoprld/demo/state.json" 2>/dev/null || echo "?")
+  sleep 1
   snap status-2-restarted.txt demo
+  [ "$p2" != "$P1" ] && [ "$p2" != 0 ] || { DETAIL="MainPID $P1 -> $p2"; return 1; }
   [ "$nr" = 1 ] || { DETAIL="NRestarts=$nr"; return 1; }
-  [ "$r2" = "$R1" ] || { DETAIL="resumed in round $r2, was $R1"; return 1; }
-  local rec; rec=$(C sh -c "grep '\"event\": *\"reconcile\"' /var/lib/shoprld/demo/journal.jsonl | tail -1")
-  grep -q "\"round\": *$R1" <<<"$rec" || { DETAIL="journal reconcile: $rec"; return 1; }
+  [ "$rec" = "$R1" ] && [ "$tr" = "$R1" ] || { DETAIL="killed in round $R1; after restart: reconcile round $rec, trainer round $tr"; return 1; }
   grep -q 'status=9/KILL' "$OUT/status-2-restarted.txt" || { DETAIL="no 'status=9/KILL' in the journal"; return 1; }
-  DETAIL="kill -9 $P1 in round-$(printf %03d "$R1") step $st1 -> restarted as $p2 after ${took}s (NRestarts=$nr), resumed in round-$(printf %03d "$r2")"
+  DETAIL="kill -9 $P1 in round-$(printf %03d "$R1") TRAIN -> restarted as $p2 (NRestarts=$nr, state.json starts=$starts); reconcile and trainer re-spawn in round-$(printf %03d "$tr"), ${took}s after the kill"
+}
+
+reloaded() { C journalctl -u shoprld@demo.service -o cat --no-pager | grep -q '"event": "config.reload"'; }
+t_reload() {
+  local p; p=$(prop demo MainPID)
+  C systemctl reload shoprld@demo.service || { DETAIL="systemctl reload failed"; return 1; }
+  wait_for 15 "the daemon to log config.reload" reloaded || return 1
+  [ "$(prop demo MainPID)" = "$p" ] && [ "$(prop demo ActiveState)" = active ] \
+    || { DETAIL="the daemon did not survive SIGHUP"; return 1; }
+  DETAIL="ExecReload sent SIGHUP to $p: config.reload logged, still active, same pid"
 }
 
 t_stop() {
@@ -344,6 +369,7 @@ run_check install t_install
 if [ "$FAILED" = 0 ]; then
   run_check start_status t_start
   [ "$FAILED" = 0 ] && run_check kill9_restart_resume t_kill9
+  run_check reload_sighup t_reload
   run_check graceful_stop t_stop
   run_check disk_park_not_restarted t_park
   run_check watchdog_stall t_watchdog

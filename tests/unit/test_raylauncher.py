@@ -274,7 +274,7 @@ async def test_argv_reaches_the_job_exactly(tmp_path: Path, standin: Standin) ->
         child = await launcher.start("trainer", argv, env=trainer_env(layout, cfg), cwd=None,
                                      log=layout.stage_log(0, "TRAIN"), redacted_argv=argv)
         assert await child.wait() == 0
-    line = [ln for ln in layout.stage_log(0, "TRAIN").read_text().splitlines() if ln.startswith("ARGV=")][0]
+    line = next(ln for ln in layout.stage_log(0, "TRAIN").read_text().splitlines() if ln.startswith("ARGV="))
     assert json.loads(line[5:]) == odd
 
 
@@ -318,7 +318,7 @@ async def test_other_roles_stay_local_processes(tmp_path: Path, standin: Standin
 async def test_lost_api_counts_as_a_failed_job(tmp_path: Path, standin: Standin) -> None:
     """When the Jobs API stays unreachable past the limit, wait() gives 1 and says why."""
     cfg, layout, _ = setup(tmp_path, standin.address)
-    launcher = RayLauncher(cfg, layout, poll=0.05, unreachable_timeout=0.5)
+    launcher = RayLauncher(cfg, layout, poll=0.05, unreachable_timeout=0.5)  # its own timeouts
     with anyio.fail_after(30):
         child = await start_trainer(launcher, layout, cfg, LOOP_FOREVER)
         standin.close()

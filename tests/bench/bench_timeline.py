@@ -1,0 +1,588 @@
+"""The seed-timeline replay: the bash baseline and shoprld, side by side, on the real run's
+timeline scaled down 1000x, with the faults the real campaign suffered (issue 10, item 6).
+
+    .venv/bin/python tests/bench/bench_timeline.py [--quick] [--keep DIR] [--sequential]
+
+A script, not a test (pytest collects test_*.py only). Prints ONE JSON object on stdout:
+``{"bench": "seed_timeline", "scale": 1000, "bash": {...}, "shoprld": {...}, "faults": [...]}``;
+progress goes to stderr.
+
+The timeline (../shared/SHOPSIMRL.md, "Measured", real -> bench at 1000x): a slime step
+750-920 s -> ~0.85 s (DEMO_STEP_SECONDS plus the rollouts' own HTTP); training's end ->
+compile done 8-14 min -> ~0.7 s (the trainer's teardown 0.15 s, as ray job + ray stop, and
+the compile 0.45 s, paced by tests/bench/shim.py); serve + bare val + gate 12-14 min ->
+~0.8 s (DEMO_VAL_LOAD_SECONDS 0.2, 16 val tasks); gate -> next slime start 50-55 s -> the
+tools' own start-up (python -S, ~0.05 s). The full mode is the real campaign, 5 rounds x 20
+steps; ``--quick`` is 5 rounds x 5 steps (same scale, same faults, shorter rounds).
+
+The campaign (both runners, same tree recipe, same shim, same fault plan):
+- stall: round-001's trainer stops making progress at 40 % of the round (real: 5.4 h lost);
+- incomplete gate: round-001 (DEMO_GATE_INCOMPLETE_ROUNDS);
+- trainer crash: round-002, mid-round (DEMO_CRASH_AT);
+- ShopSim death: SIGKILLed by this bench when round-003's trainer logs its mid-round rollout;
+- lease leak: round-004's trainer crashes holding every ShopSim slot (DEMO_CRASH_AT +
+  DEMO_LEAK_LEASES; slots = episode concurrency, so no spare slot: the next reset blocks).
+Every fault fires once (the shim gives each round its own DEMO_FAULT_ONCE_DIR).
+
+Both recipes keep the seed's SAVE_INTERVAL=10000 (one save per round), as run/slime-4xa800.toml
+does: a crash loses the round's steps so far in both runners; what differs is who notices,
+how fast, and whether a human is needed.
+
+The human who babysits the bash run (a documented policy, deliberately generous): checks the
+terminal every hour (3.6 s here) on a fixed schedule from the start; a run that exited non-zero
+is relaunched with RESUME_ROUND = the round of the last "===== round-k" header; a run whose
+output has not grown for an hour is stopped like Ctrl-C (SIGINT to the script's process group,
+sparing ShopSim, which the seed starts as a background job that ignores SIGINT; SIGKILL after
+10 min if something is stuck) and relaunched; when the stopped run's trainer had made no step
+since it started, the human also restarts ShopSim (leaked leases). Each decision takes 5 min;
+right after a relaunch the human watches for those 5 min, so an immediate failure (e.g.
+"RESUME_ROUND=2 missing .../round-001-online-gate/selected_skillbank.json": the seed cannot
+resume after an incomplete gate) gets an immediate answer: step back one round. Every relaunch
+counts as one intervention. A real night is worse: round-001's stall went 5.4 h unnoticed.
+
+shoprld runs as systemd would run it: when the daemon exits with a code that
+RestartPreventExitStatus does not list (3 4 5), it is restarted after RestartSec (30 s, scaled);
+those restarts are automatic, not interventions.
+
+Results are compared, per runner, with a fault-free reference of the same runner (the same
+campaign at full speed, without the stall, crashes, kill and leak; the incomplete gate is a
+result of the campaign, not a process fault, so the reference keeps it). The bash and shoprld
+references are also compared with each other (the success rates must agree; the files differ
+only by the val server's weight_version, which the seed never sets).
+
+Caveats: 2 shared cores with other work running; the daemon's fixed intervals (trainer log
+poll 0.25 s, ShopSim supervision 1 s) are NOT scaled, so in real-time terms they are
+inflated 1000x (against shoprld); the bash loop's curl/sleep polls are scaled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    PYTHON,
+    ROOT,
+    SEED_LOOP,
+    SHIM,
+    cleanup_tree,
+    emit_json,
+    journal,
+    log,
+    machine,
+    make_tree,
+    rollouts_in,
+    success_rates,
+    work_lost,
+)
+
+from tests.demotree import SHOPRLD, results  # noqa: E402
+
+SCALE = 1000
+DEMO_DIR = ROOT / "run" / "demo"
+ROUNDS = 5
+SLOTS = 4                 # = episode concurrency: a leak of one trainer's leases takes every slot
+VAL_TASKS = 16
+VAL_CONCURRENCY = 4
+SEED = 1234
+STEP_SLEEP = 0.80         # + the rollout's HTTP (~0.05 s) = ~0.85 s, the real 850 s step
+PACE = {"trainer.after": 0.15, "analyze.before": 0.45}
+VAL_LOAD_S = 0.2
+RESTART_SEC = 30 / SCALE  # the unit's RestartSec=30s
+NO_RESTART = {0, 3, 4, 5}  # success, and RestartPreventExitStatus=3 4 5
+
+
+@dataclass
+class Human:
+    """The bash run's babysitter (see the module docstring)."""
+
+    check_every: float = 3600 / SCALE
+    hang_after: float = 3600 / SCALE
+    decide: float = 300 / SCALE
+    kill_grace: float = 600 / SCALE
+
+
+@dataclass
+class Plan:
+    steps: int
+    stall_at: int = 0
+    crash_at: int = 0
+    kill_shopsim_at: int = 0
+    leak_at: int = 0
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def for_steps(cls, s: int) -> Plan:
+        p = cls(steps=s, stall_at=s + max(1, 2 * s // 5), crash_at=2 * s + s // 2 + 1,
+                kill_shopsim_at=3 * s + s // 2, leak_at=4 * s + max(1, 3 * s // 4))
+        p.faults = [
+            {"round": "round-001", "fault": "stall", "at_rollout": p.stall_at, "how": "DEMO_STALL_AT"},
+            {"round": "round-001", "fault": "incomplete_gate", "how": "DEMO_GATE_INCOMPLETE_ROUNDS"},
+            {"round": "round-002", "fault": "trainer_crash", "at_rollout": p.crash_at, "how": "DEMO_CRASH_AT"},
+            {"round": "round-003", "fault": "shopsim_death", "at_rollout": p.kill_shopsim_at,
+             "how": "SIGKILL of ShopSim by the bench when the trainer logs this rollout"},
+            {"round": "round-004", "fault": "lease_leak", "at_rollout": p.leak_at,
+             "how": "DEMO_CRASH_AT + DEMO_LEAK_LEASES (every slot leased, never released)"},
+        ]
+        return p
+
+    def trainer_faults(self) -> dict[str, dict[str, str]]:
+        nr = lambda r: str((r + 1) * self.steps + 1)  # noqa: E731 - the round's --num-rollout
+        return {nr(1): {"DEMO_STALL_AT": str(self.stall_at)},
+                nr(2): {"DEMO_CRASH_AT": str(self.crash_at)},
+                nr(4): {"DEMO_CRASH_AT": str(self.leak_at), "DEMO_LEAK_LEASES": "1"}}
+
+
+# -- the trees ---------------------------------------------------------------------------------------
+def build_tree(root: Path, steps: int, step_seconds: float) -> dict[str, Any]:
+    """A demo tree whose campaign.toml both runners follow; returns its ports and paths."""
+    shim = f'"{{python}}", "-S", "{SHIM}", "{{demo_dir}}/'
+    edits = {
+        r"^steps_per_round = 20$": f"steps_per_round = {steps}",
+        r'^step_seconds = ".*"$': f'step_seconds = "{step_seconds}"',
+        r"^slots = 8$": f"slots = {SLOTS}",
+        r"^start_timeout = 30$": f"start_timeout = 30\nbackoff = {1 / SCALE}",
+        r"^concurrency = 8$": f"concurrency = {VAL_CONCURRENCY}",
+        r"^tasks = 40$": f"tasks = {VAL_TASKS}",
+        r'^stall_min = "4s"$': f'stall_min = "{1800 / SCALE}s"',   # the real recipe's 30 min
+        r"^backoff = 0.2$": f"backoff = {60 / SCALE}",              # the real recipe's 1 min
+        r'"\{python\}", "\{demo_dir\}/': shim.replace("\\", "\\\\"),
+    }
+    campaign = make_tree(root, rounds=ROUNDS, edits=edits)
+    text = campaign.read_text()
+    urls = re.findall(r'^url = "http://127\.0\.0\.1:(\d+)"', text, flags=re.M)
+    return {"campaign": campaign, "shopsim_port": urls[0], "val_port": urls[1], "steps": steps,
+            "step_seconds": step_seconds}
+
+
+def bash_env(root: Path, tree: dict[str, Any], extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEMO_", "BENCH_", "SHOPRLD_"))}
+    env.update({
+        "PROJECT_ROOT": str(root / "repo"), "PYTHON": PYTHON, "DEMO_DIR": str(DEMO_DIR), "SHIM": str(SHIM),
+        "TRAIN_LOAD": str(root / "models" / "base_torch_dist"), "HF_CHECKPOINT": str(root / "models" / "hf-origin"),
+        "SHOPSIM_PORT": tree["shopsim_port"], "SGLANG_PORT": tree["val_port"], "SHOPSIM_ENV_SLOTS": str(SLOTS),
+        "NUM_ROUNDS": str(ROUNDS), "STEPS_PER_ROUND": str(tree["steps"]), "VAL_TASKS": str(VAL_TASKS),
+        "VAL_CONCURRENCY": str(VAL_CONCURRENCY), "EPISODE_CONCURRENCY": "4", "SEED": str(SEED),
+        "SCALE": str(SCALE), "WANDB_MODE": "offline", "DEMO_STEP_SECONDS": str(tree["step_seconds"]),
+        "DEMO_CKPT_BYTES": "1048576",
+        # The tag every process of this run inherits, so that cleanup finds them (no kill by name).
+        "SHOPRLD_CHILD": f"{root / 'state'}|bash",
+    })
+    env.update(extra)
+    return env
+
+
+def daemon_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEMO_", "BENCH_", "SHOPRLD_"))}
+    env.update(extra)
+    return env
+
+
+def campaign_env(root: Path, plan: Plan | None) -> dict[str, str]:
+    """The environment both runners get for the paced (plan) or the reference (None) run."""
+    env = {"DEMO_GATE_INCOMPLETE_ROUNDS": "round-001"}
+    if plan is None:
+        env["DEMO_VAL_LOAD_SECONDS"] = "0.05"
+        return env
+    env.update({"BENCH_PACE": json.dumps(PACE), "BENCH_FAULTS": json.dumps(plan.trainer_faults()),
+                "BENCH_FAULT_DIR": str(root / "fault-marks"), "DEMO_VAL_LOAD_SECONDS": str(VAL_LOAD_S)})
+    return env
+
+
+# -- process helpers ---------------------------------------------------------------------------------
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2:].split()[2]) == pgid:
+            out.append(int(entry))
+    return out
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+class ShopsimKiller(threading.Thread):
+    """SIGKILLs ShopSim once, when any trainer log shows rollout ``at`` (the ShopSim death)."""
+
+    def __init__(self, logs: Callable[[], list[Path]], pid: Callable[[], int | None], at: int, t0: float) -> None:
+        super().__init__(daemon=True)
+        self.logs, self.pid, self.at, self.t0 = logs, pid, at, t0
+        self.killed_at: float | None = None
+        self.killed_pid: int | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            if any(rid >= self.at for rid, _ in rollouts_in(self.logs())):
+                pid = self.pid()
+                if pid and alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed_at, self.killed_pid = time.monotonic() - self.t0, pid
+                    log(f"killed ShopSim pid {pid} at rollout >= {self.at}")
+                return
+
+
+def shoprld_status_pid(root: Path, role: str) -> int | None:
+    try:
+        doc = json.loads((root / "state" / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in doc.get("children", []):
+        if c.get("role") == role:
+            return int(c["pid"])
+    return None
+
+
+def shoprld_train_logs(root: Path) -> list[Path]:
+    return sorted((root / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/*/*/logs/r*-train.log"))
+
+
+# -- the runners ---------------------------------------------------------------------------------------
+def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Plan | None,
+                deadline: float) -> dict[str, Any]:
+    """shoprld under a systemd-like supervisor (Restart=on-failure, RestartSec scaled)."""
+    t0 = time.monotonic()
+    killer = None
+    if plan is not None:
+        killer = ShopsimKiller(lambda: [p for p in shoprld_train_logs(root) if p.name == "r003-train.log"],
+                               lambda: shoprld_status_pid(root, "shopsim"), plan.kill_shopsim_at, t0)
+        killer.start()
+    starts: list[dict[str, Any]] = []
+    code = None
+    try:
+        while time.monotonic() < deadline:
+            with open(root / f"daemon-{len(starts) + 1}.log", "wb") as out:
+                starts.append({"t": round(time.monotonic() - t0, 3)})
+                proc = subprocess.Popen([*SHOPRLD, "run", "-c", str(tree["campaign"])], env=daemon_env(env),
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                try:
+                    code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    code = None
+                    break
+            starts[-1]["exit"] = code
+            if code in NO_RESTART:
+                break
+            log(f"shoprld exited {code}; restarting as systemd would (RestartSec {RESTART_SEC:.3f}s)")
+            time.sleep(RESTART_SEC)
+    finally:
+        if killer is not None:
+            killer.stop.set()
+    wall = time.monotonic() - t0
+    recs = journal(root)
+    state = None
+    try:
+        state = json.loads((root / "state" / "status.json").read_text()).get("state")
+    except (OSError, ValueError):
+        pass
+    out: dict[str, Any] = {"wall_s": round(wall, 2), "exit": code, "final_state": state,
+                           "done": code == 0 and state == "DONE",
+                           "daemon_starts": len(starts), "systemd_restarts": len(starts) - 1, "starts": starts,
+                           "human_interventions": 0 if code == 0 and state == "DONE" else None}
+    if plan is not None:
+        base = recs[0]["t"] if recs else 0.0
+        out["trainer_launches"] = sum(1 for r in recs if r["event"] == "stage.spawn" and r.get("role") == "trainer")
+        out["recoveries"] = [
+            {"t": round(r["t"] - base, 2), "round": r.get("round"), "event": r["event"],
+             "what": (r.get("message") or r.get("reason") or r.get("dst") or "")[:110]}
+            for r in recs if r["event"] in ("train.stall", "shopsim.died", "shopsim.restart", "shopsim.lease_leak")
+            or (r["event"] == "transition" and r.get("trigger") in ("retry", "fail"))]
+        out["shopsim_killed_at_s"] = killer.killed_at if killer else None
+    return out
+
+
+def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Plan | None, human: Human,
+             deadline: float) -> dict[str, Any]:
+    """seed_loop.sh, relaunched by the simulated human (None plan: one plain run)."""
+    t0 = time.monotonic()
+    pidfile = root / "repo" / "runs" / "shopsim-env.pid"
+    launch_logs: list[Path] = []
+    killer = None
+    if plan is not None:
+        killer = ShopsimKiller(lambda: list(launch_logs), lambda: read_pid(pidfile), plan.kill_shopsim_at, t0)
+        killer.start()
+    launches: list[dict[str, Any]] = []
+    interventions: list[dict[str, Any]] = []
+    resume, cur_round, code = 0, 0, None
+    done = False
+
+    def next_check(now: float) -> float:
+        k = int((now - t0) / human.check_every) + 1
+        return t0 + k * human.check_every
+
+    try:
+        while time.monotonic() < deadline:
+            logf = root / f"bash-launch-{len(launches) + 1}.log"
+            launch_logs.append(logf)
+            started = time.monotonic()
+            with open(logf, "wb") as out:
+                proc = subprocess.Popen(["bash", str(SEED_LOOP)], env=bash_env(root, tree, {**env, "RESUME_ROUND": str(resume)}),
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=root, start_new_session=True)
+            launches.append({"t": round(started - t0, 2), "resume_round": resume})
+            watch_until = started + human.decide
+            check_at = next_check(started)
+            last_size, last_growth = 0, started
+            why = None
+            while time.monotonic() < deadline:
+                now = time.monotonic()
+                size = logf.stat().st_size
+                if size != last_size:
+                    last_size, last_growth = size, now
+                code = proc.poll()
+                if code is not None:
+                    if code == 0 or plan is None:
+                        done = code == 0
+                        break
+                    seen = now if now <= watch_until else next_check(now)
+                    time.sleep(max(0.0, seen - time.monotonic()))
+                    why = f"exited {code}"
+                    break
+                if now >= check_at:
+                    if now - last_growth >= human.hang_after:
+                        why = f"hung (no output for {now - last_growth:.1f}s)"
+                        stop_like_ctrl_c(proc, read_pid(pidfile), human.kill_grace)
+                        code = proc.returncode
+                        break
+                    check_at = next_check(now)
+                time.sleep(0.02)
+            launches[-1].update(exit=code, ended=round(time.monotonic() - t0, 2))
+            if done or why is None:
+                break
+            text = logf.read_text(errors="replace")
+            heads = re.findall(r"^===== (round-(\d+)) ", text, flags=re.M)
+            if heads:
+                cur_round = int(heads[-1][1])
+            step_back = re.search(rf"RESUME_ROUND={resume} missing \S+selected_skillbank\.json", text)
+            restart_shopsim = why.startswith("hung") and not _trainer_stepped_since_start(text)
+            time.sleep(human.decide)
+            if restart_shopsim:
+                pid = read_pid(pidfile)
+                if pid and alive(pid):
+                    os.kill(pid, signal.SIGTERM)
+                    _wait_gone(pid, 5.0)
+            resume = max(0, resume - 1) if step_back else cur_round
+            interventions.append({
+                "t": round(time.monotonic() - t0, 2), "saw": why,
+                "action": ("step back: the seed cannot resume after an incomplete gate; " if step_back else "")
+                + (f"restart ShopSim; " if restart_shopsim else "") + f"RESUME_ROUND={resume}"})
+            log(f"bash: human intervention {len(interventions)}: {interventions[-1]}")
+    finally:
+        if killer is not None:
+            killer.stop.set()
+    wall = time.monotonic() - t0
+    return {"wall_s": round(wall, 2), "exit": code, "done": done, "launches": launches,
+            "human_interventions": len(interventions), "interventions": interventions,
+            "trainer_launches": sum(p.read_text(errors="replace").count("start_rollout_id=") for p in launch_logs),
+            "shopsim_killed_at_s": killer.killed_at if killer else None, "_logs": launch_logs}
+
+
+def _trainer_stepped_since_start(text: str) -> bool:
+    """Did the last trainer launch in this log make a step (a rollout line after its start)?"""
+    i = text.rfind("start_rollout_id=")
+    return i >= 0 and re.search(r"^rollout \d+/", text[i:], flags=re.M) is not None
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def stop_like_ctrl_c(proc: subprocess.Popen[bytes], spare: int | None, grace: float) -> None:
+    """SIGINT to the script's process group (Ctrl-C), sparing ShopSim; SIGKILL what stays."""
+    members = [p for p in group_members(proc.pid) if p != spare]
+    for p in members:
+        try:
+            os.kill(p, signal.SIGINT)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(alive(p) for p in members):
+        time.sleep(0.01)
+    for p in group_members(proc.pid):
+        if p != spare:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+    proc.wait()
+
+
+# -- the report ------------------------------------------------------------------------------------------
+def finish(root: Path, run: dict[str, Any], logs: list[Path], steps: int, ref: dict[str, bytes] | None) -> dict[str, Any]:
+    rolls = rollouts_in(logs)
+    lost = work_lost(rolls)
+    step_times = sorted(s for _, s in rolls)
+    med = step_times[len(step_times) // 2] if step_times else None
+    res = results(root)
+    out = {k: v for k, v in run.items() if not k.startswith("_")}
+    out.update({
+        "wall_real_h": round(run["wall_s"] * SCALE / 3600, 2),
+        "median_step_s": med,
+        "trainer_s_lost": lost["trainer_s_lost"], "steps_rerun": lost["steps_rerun"],
+        "steps_run": lost["steps_run"], "steps_needed": ROUNDS * steps,
+        "trainer_real_h_lost": round(lost["trainer_s_lost"] * SCALE / 3600, 2),
+        "success_rates": success_rates(root / "repo"),
+        "results_equal_reference": (res == ref) if ref is not None else None,
+    })
+    if ref is not None and res != ref:
+        out["results_differ"] = sorted(k for k in set(res) | set(ref) if res.get(k) != ref.get(k))[:12]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="5 rounds x 5 steps instead of 5 x 20")
+    ap.add_argument("--keep", type=Path, help="work in this dir and keep it (default: a temp dir, removed)")
+    ap.add_argument("--sequential", action="store_true", help="run bash, then shoprld (default: side by side)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="per runner, seconds")
+    a = ap.parse_args()
+    steps = 5 if a.quick else 20
+    plan = Plan.for_steps(steps)
+    human = Human()
+    work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-timeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    roots = {name: work / name for name in ("bash-ref", "shoprld-ref", "bash", "shoprld")}
+    for r in roots.values():
+        if r.exists():
+            shutil.rmtree(r)
+        r.mkdir(parents=True)
+    report: dict[str, Any] = {"bench": "seed_timeline", "scale": SCALE, "mode": "quick" if a.quick else "full",
+                              "rounds": ROUNDS, "steps_per_round": steps, "machine": machine()}
+    try:
+        trees = {n: build_tree(r, steps, 0.01 if n.endswith("-ref") else STEP_SLEEP) for n, r in roots.items()}
+        # 1. The fault-free references, both runners at once, at full speed.
+        log("references (fault-free, full speed) ...")
+        refs: dict[str, Any] = {}
+        deadline = time.monotonic() + a.timeout
+
+        def ref_bash() -> None:
+            refs["bash"] = run_bash(roots["bash-ref"], trees["bash-ref"], campaign_env(roots["bash-ref"], None),
+                                    plan=None, human=human, deadline=deadline)
+
+        def ref_shoprld() -> None:
+            refs["shoprld"] = run_shoprld(roots["shoprld-ref"], trees["shoprld-ref"],
+                                          campaign_env(roots["shoprld-ref"], None), plan=None, deadline=deadline)
+
+        _both(ref_bash, ref_shoprld, sequential=False)
+        ref_res = {n: results(roots[f"{n}-ref"]) if refs[n]["done"] else None for n in ("bash", "shoprld")}
+        ref_rates = {n: success_rates(roots[f"{n}-ref"] / "repo") for n in ("bash", "shoprld")}
+        report["reference"] = {"bash_done": refs["bash"]["done"], "shoprld_done": refs["shoprld"]["done"],
+                               "bash_wall_s": refs["bash"]["wall_s"], "shoprld_wall_s": refs["shoprld"]["wall_s"],
+                               "success_rates": ref_rates["shoprld"],
+                               "bash_and_shoprld_rates_agree": ref_rates["bash"] == ref_rates["shoprld"]}
+        # 2. The timeline with the faults, side by side.
+        log(f"timeline x{SCALE}, {ROUNDS} rounds x {steps} steps, faults at {plan.trainer_faults()} ...")
+        runs: dict[str, Any] = {}
+        deadline = time.monotonic() + a.timeout
+
+        def go_bash() -> None:
+            runs["bash"] = run_bash(roots["bash"], trees["bash"], campaign_env(roots["bash"], plan), plan=plan,
+                                    human=human, deadline=deadline)
+
+        def go_shoprld() -> None:
+            runs["shoprld"] = run_shoprld(roots["shoprld"], trees["shoprld"], campaign_env(roots["shoprld"], plan),
+                                          plan=plan, deadline=deadline)
+
+        _both(go_bash, go_shoprld, sequential=a.sequential)
+        report["bash"] = finish(roots["bash"], runs["bash"], runs["bash"]["_logs"], steps, ref_res["bash"])
+        report["shoprld"] = finish(roots["shoprld"], runs["shoprld"], shoprld_train_logs(roots["shoprld"]), steps,
+                                   ref_res["shoprld"])
+        report["faults"] = plan.faults
+        report["human_policy"] = {"check_every_real_min": human.check_every * SCALE / 60,
+                                  "hang_after_real_min": human.hang_after * SCALE / 60,
+                                  "decide_real_min": human.decide * SCALE / 60,
+                                  "ctrl_c_grace_real_min": human.kill_grace * SCALE / 60}
+        report["timeline_real_to_bench"] = {
+            "step": "750-920 s -> DEMO_STEP_SECONDS 0.80 + rollout HTTP",
+            "post_training": "8-14 min -> trainer teardown 0.15 s + compile 0.45 s + tools",
+            "serve_val_gate": f"12-14 min -> load {VAL_LOAD_S} s + {VAL_TASKS} val tasks + {VAL_TASKS} gate rollouts",
+            "gate_to_next_slime": "50-55 s -> tool start-up (python -S)"}
+        b, s = report["bash"], report["shoprld"]
+        report["summary"] = {
+            "wall_s": {"bash": b["wall_s"], "shoprld": s["wall_s"]},
+            "wall_real_h": {"bash": b["wall_real_h"], "shoprld": s["wall_real_h"]},
+            "trainer_s_lost": {"bash": b["trainer_s_lost"], "shoprld": s["trainer_s_lost"]},
+            "human_interventions": {"bash": b["human_interventions"], "shoprld": s["human_interventions"]},
+            "results_equal_reference": {"bash": b["results_equal_reference"], "shoprld": s["results_equal_reference"]},
+        }
+    finally:
+        for r in roots.values():
+            cleanup_tree(r)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    emit_json(report)
+    return 0
+
+
+def _both(f: Callable[[], None], g: Callable[[], None], *, sequential: bool) -> None:
+    if sequential:
+        f()
+        g()
+        return
+    errors: list[BaseException] = []
+
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # re-raised below, in the main thread
+                errors.append(exc)
+        return run
+
+    threads = [threading.Thread(target=wrap(fn)) for fn in (f, g)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

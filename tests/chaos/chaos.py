@@ -1,0 +1,207 @@
+"""The crash-injection driver: SIGKILL the daemon (and its children) at seeded random moments,
+restart it as systemd would, and check the guarantees against an uninterrupted reference.
+
+Run it by hand: ``python -m tests.chaos.chaos --kills 200 --child-kills 50 --seed 7``; it prints
+one JSON report. The tests in this folder run a quick mode by default and the full mode
+(≥ 200 daemon kills, ≥ 50 child kills) in the slow suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, results, run_daemon, start_daemon, status
+
+ROUNDS = 5
+STEPS = 20
+
+
+class TrainerCensus(threading.Thread):
+    """Samples /proc for this campaign's trainers; records the most ever alive at once."""
+
+    def __init__(self, state_dir: Path, interval: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.tag = f"SHOPRLD_CHILD={state_dir}|trainer".encode()
+        self.interval = interval
+        self.max_alive = 0
+        self.seen: set[int] = set()
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            alive = []
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    if os.getsid(int(entry)) != int(entry):
+                        continue
+                    env = Path(f"/proc/{entry}/environ").read_bytes()
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if self.tag in env.split(b"\0") and stat[stat.rfind(")") + 2] != "Z":
+                    alive.append(int(entry))
+            self.seen.update(alive)
+            self.max_alive = max(self.max_alive, len(alive))
+            self.samples += 1
+            time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
+@dataclass
+class Report:
+    seed: int
+    campaigns: int = 0
+    daemon_kills: int = 0
+    child_kills: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    max_trainers_at_once: int = 0
+    trainers_seen: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _children(root: Path) -> list[dict[str, Any]]:
+    try:
+        return list(status(root).get("children", []))
+    except (OSError, ValueError):
+        return []
+
+
+def _end_saves(root: Path) -> dict[int, int]:
+    """How many times each iteration was saved, over every trainer log of the campaign."""
+    counts: dict[int, int] = {}
+    for log in root.joinpath("ephemeral").rglob("r*-train.log"):
+        for m in re.finditer(r"^saved checkpoint iter (\d+)", log.read_text(errors="replace"), re.M):
+            counts[int(m.group(1))] = counts.get(int(m.group(1)), 0) + 1
+    return counts
+
+
+def check_campaign(root: Path, reference: dict[str, bytes], rounds: int = ROUNDS) -> list[str]:
+    """The guarantees, as a list of violations (empty when all hold)."""
+    bad = []
+    st = status(root)
+    if st.get("state") != "DONE":
+        bad.append(f"{root}: state {st.get('state')}, not DONE")
+    if results(root) != reference:
+        bad.append(f"{root}: per-round val/gate/SkillBank files differ from the reference")
+    rows = [int(r[0]) for r in ledger_rows(root)]
+    if rows != list(range(rounds)):
+        bad.append(f"{root}: ledger rows {rows}")
+    saves = _end_saves(root)
+    for r in range(rounds):
+        if saves.get((r + 1) * STEPS, 0) != 1:
+            bad.append(f"{root}: iter {(r + 1) * STEPS} saved {saves.get((r + 1) * STEPS, 0)} times "
+                       "(a complete checkpoint was retrained or lost)")
+    return bad
+
+
+def chaos_campaign(root: Path, rng: random.Random, report: Report, *, kills: int, child_kills: int,
+                   faults: dict[str, str], reference: dict[str, bytes], max_delay: float = 2.5) -> None:
+    campaign = make_tree(root, rounds=ROUNDS, edits={r'^step_seconds = ".*"$': 'step_seconds = "0.03"'})
+    env = {**faults, "DEMO_FAULT_ONCE_DIR": str(root)} if faults else {}
+    census = TrainerCensus(root / "state")
+    census.start()
+    plan = ["daemon"] * kills + ["child"] * child_kills
+    rng.shuffle(plan)
+    try:
+        for action in plan:
+            daemon = start_daemon(campaign, env=env)
+            time.sleep(rng.uniform(0.2, max_delay))
+            if daemon.poll() is not None:
+                daemon.communicate()
+                break  # finished before this kill landed
+            if action == "daemon":
+                daemon.send_signal(signal.SIGKILL)
+                daemon.communicate()
+                report.daemon_kills += 1
+            else:
+                kids = [c for c in _children(root) if c["role"] != "shopsim" or rng.random() < 0.3]
+                if kids:
+                    victim = rng.choice(kids)
+                    try:
+                        os.killpg(int(victim["pid"]), signal.SIGKILL)
+                        report.child_kills[victim["role"]] = report.child_kills.get(victim["role"], 0) + 1
+                    except OSError:
+                        pass
+                time.sleep(rng.uniform(0.1, 0.5))
+                daemon.send_signal(signal.SIGTERM)  # systemd-style stop, then restart
+                daemon.communicate(timeout=120)
+            report.restarts += 1
+        final = run_daemon(campaign, env=env, timeout=600)
+        if final.returncode != 0:
+            report.failures.append(f"{root}: final run exited {final.returncode}: {final.stderr[-500:]}")
+    finally:
+        census.stop()
+        kill_tree_leftovers(root)
+    report.max_trainers_at_once = max(report.max_trainers_at_once, census.max_alive)
+    report.trainers_seen += len(census.seen)
+    report.failures += check_campaign(root, reference)
+    report.campaigns += 1
+
+
+def reference_results(root: Path) -> dict[str, bytes]:
+    campaign = make_tree(root, rounds=ROUNDS)
+    try:
+        proc = run_daemon(campaign, timeout=600)
+    finally:
+        kill_tree_leftovers(root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference run failed: {proc.stderr[-1000:]}")
+    return results(root)
+
+
+def run(base: Path, *, seed: int, kills: int, child_kills: int, per_campaign: int = 40,
+        faults: bool = True) -> Report:
+    rng = random.Random(seed)
+    report = Report(seed=seed)
+    t0 = time.monotonic()
+    reference = reference_results(base / "reference")
+    n = 0
+    # The first campaign also stalls its trainer once and crashes it once holding leases.
+    knobs = {"DEMO_STALL_AT": "33", "DEMO_CRASH_AT": "57", "DEMO_LEAK_LEASES": "1"} if faults else {}
+    while report.daemon_kills < kills or sum(report.child_kills.values()) < child_kills:
+        k = min(per_campaign, max(0, kills - report.daemon_kills))
+        c = min(per_campaign // 4, max(0, child_kills - sum(report.child_kills.values())))
+        chaos_campaign(base / f"campaign-{n}", rng, report, kills=k, child_kills=c,
+                       faults=knobs if n == 0 else {}, reference=reference)
+        n += 1
+        if n > 4 * (kills // per_campaign + 2):
+            report.failures.append("kill budget not reached (campaigns finish too fast)")
+            break
+    report.seconds = round(time.monotonic() - t0, 1)
+    return report
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--kills", type=int, default=200)
+    p.add_argument("--child-kills", type=int, default=50)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--dir", type=Path, default=None)
+    a = p.parse_args()
+    base = a.dir or Path(tempfile.mkdtemp(prefix="shoprld-chaos-"))
+    rep = run(base, seed=a.seed, kills=a.kills, child_kills=a.child_kills)
+    print(json.dumps(rep.__dict__, indent=2))
+    return 0 if not rep.failures and rep.max_trainers_at_once <= 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Crash injection: random SIGKILLs of the daemon and its children never break a guarantee."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.chaos import run
+
+
+def _check(report) -> None:  # type: ignore[no-untyped-def]
+    assert report.failures == []
+    assert report.max_trainers_at_once <= 1, "two trainers ran at once"
+
+
+def test_chaos_quick(tmp_path: Path) -> None:
+    """A seeded quick run (8 daemon kills, 2 child kills): the campaign completes with the
+    reference results, one ledger row per round, every end checkpoint saved once, and never two
+    trainers at once. (Stalls and leaked leases are in the full mode and test_engine_faults.)"""
+    kills = int(os.environ.get("SHOPRLD_CHAOS_KILLS", "8"))
+    report = run(tmp_path, seed=11, kills=kills, child_kills=2, per_campaign=kills, faults=False)
+    _check(report)
+    assert report.daemon_kills >= kills
+
+
+@pytest.mark.slow
+def test_chaos_full(tmp_path: Path) -> None:
+    """The full mode: ≥ 200 daemon SIGKILLs and ≥ 50 child SIGKILLs, seeded and reproducible."""
+    report = run(tmp_path, seed=7, kills=200, child_kills=50)
+    _check(report)
+    assert report.daemon_kills >= 200 and sum(report.child_kills.values()) >= 50
