@@ -27,6 +27,13 @@ def _version() -> str:
     return __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (and exit 2), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _config_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument(
         "-c", "--config", metavar="FILE", required=required,
@@ -36,7 +43,7 @@ def _config_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shoprld",
         description="The ShopSimRL campaign daemon: runs multi-round slime RL campaigns, "
         "resumes after any crash, stops before /ephemeral fills up.",
@@ -81,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ledger", help="print the campaign's ledger")
     _config_arg(p)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
+    _config_arg(p)
+    p.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system one")
+    p.add_argument("--write", action="store_true", help="write the unit file instead of printing it (never runs systemctl)")
 
     return parser
 
@@ -157,6 +169,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from .ledger import print_ledger
 
     return print_ledger(Path(args.config), as_json=args.json)
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    from .service import install_service
+
+    return install_service(Path(args.config), user=args.user, write=args.write)
 
 
 if __name__ == "__main__":  # pragma: no cover

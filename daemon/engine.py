@@ -154,6 +154,7 @@ class Engine:
         self.demo_dir = demo_dir()
         self.notifier = _notifier()
         self.http: httpx.AsyncClient
+        self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
@@ -266,6 +267,7 @@ class Engine:
             self.snap["last_error"] = str(outcome)
             self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
             log.error("stage.error", state=state.value, error=str(outcome))
+            self.final_message = str(outcome)
             return outcome.exit_code
         if outcome.kind == "done":
             _maybe_die(state, "done", self.round)
@@ -493,6 +495,7 @@ class Engine:
         await self._stop_children()
         self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
         log.error("campaign.failed", message=message, exit_code=code)
+        self.final_message = message
         return code
 
     async def _finish(self, code: int, reason: str) -> int:
@@ -517,6 +520,8 @@ class Engine:
         self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
         log.warning("disk.parked", reason=reason, **numbers)
         if not self.wait_for_space:
+            self.final_message = (f"parked in PAUSED_DISK: {reason}; fix: free space on "
+                                  f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
             return EXIT_DISK
         await self._wait_for_space()
         self.stopping = False
@@ -862,5 +867,8 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     configure(level="DEBUG" if debug else "INFO")
     secrets.require(cfg.required_secrets())
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space)
-    return anyio.run(engine.main)
+    code = anyio.run(engine.main)
+    if code and engine.final_message:
+        print(f"shoprld: {secrets.redact(engine.final_message)}", file=sys.stderr)
+    return code
 

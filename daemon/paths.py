@@ -15,10 +15,15 @@ from typing import Any
 
 
 def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) -> Path:
-    """$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/shoprld/<campaign>."""
+    """$STATE_DIRECTORY under systemd, else the system unit's dir when it exists (so that
+    `shoprld status` run by hand finds a campaign systemd runs), else
+    $XDG_STATE_HOME/shoprld/<campaign>."""
     if environ.get("STATE_DIRECTORY"):
         # systemd may pass several colon-separated dirs; the first is ours.
         return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    system = Path("/var/lib/shoprld") / campaign
+    if system.is_dir():
+        return system
     xdg = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME", "/root")) / ".local" / "state")
     return Path(xdg) / "shoprld" / campaign
 

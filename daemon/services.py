@@ -82,7 +82,7 @@ class ShopsimService:
             if not cfg.manage or not cfg.command:
                 return f"shopsim at {cfg.url} is not ready and shopsim.command is not set; start it or configure it"
             host, port = _host_port(cfg.url, 5700)
-            if not await wait_port_free(host, port, timeout=30):
+            if not await wait_port_free(host, port, timeout=min(30.0, cfg.start_timeout)):
                 return f"{host}:{port} is held by something that is not a ready ShopSim; free the port"
             self.child = await ctx.start("shopsim", cfg.command, cfg, state="SHOPSIM")
         deadline = ctx.clock.monotonic() + cfg.start_timeout
@@ -164,7 +164,7 @@ class ValServerService:
                 return await self._swap_weights(ctx)
             await self.stop(ctx)
         host, port = _host_port(cfg.url, 30000)
-        if not await wait_port_free(host, port, timeout=60):
+        if not await wait_port_free(host, port, timeout=min(60.0, cfg.ready_timeout)):
             return f"{host}:{port} is still in use; the val server cannot start there"
         self.child = await ctx.start("val_server", cfg.server_command, cfg, state="VALSERVER",
                                      extra_env=dict(cfg.server_env))

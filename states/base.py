@@ -163,8 +163,9 @@ class RoundContext:
     def values(self) -> dict[str, str]:
         """Every {placeholder} for this round (config.PLACEHOLDERS documents them)."""
         cfg, lay = self.cfg, self.layout
-        tracker = ckpt.read_tracker(lay.save_dir)
-        has_ckpt = tracker.kind == "ok"
+        # --load is the save dir once it holds a committed checkpoint (slime resumes at
+        # tracker+1 by itself), else the converted base model (round 0's first launch).
+        has_ckpt = ckpt.scan(lay.save_dir).latest_complete is not None
         load = lay.save_dir if has_ckpt or cfg.train.base_load is None else cfg.train.base_load
         shop_host, shop_port = _host_port(cfg.shopsim.url, 5700)
         val_host, val_port = _host_port(cfg.val.url, 30000)

@@ -54,6 +54,7 @@ async def run(ctx: RoundContext) -> Outcome:
     sidecar = await _start_sidecar(ctx)
     trainer = ctx.find_child("trainer")
     if trainer is None:
+        _repair_tracker(ctx)
         problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
@@ -107,6 +108,28 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     ctx.unregister_child(child)
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
+
+
+def _repair_tracker(ctx: RoundContext) -> None:
+    """A tracker naming a torn save would make slime (Megatron) fail to load: point it back at
+    the newest complete checkpoint, or set it aside when there is none, so ``--load`` resumes
+    from what is really on disk. Only ever done while no trainer runs."""
+    from shoprld.daemon.store import atomic_write
+
+    save = ctx.layout.save_dir
+    scan = ckpt.scan(save)
+    tracker = scan.tracker
+    if tracker.iteration is None or ckpt.is_complete(save, tracker.iteration):
+        return
+    good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
+    path = save / ckpt.TRACKER_NAME
+    if good:
+        atomic_write(path, f"{good[-1].iteration}\n".encode())
+        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=good[-1].iteration)
+    else:
+        path.rename(path.with_name(f"{path.name}.torn-{int(ctx.clock.time())}"))
+        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=None)
+    _prune_partials(ctx)
 
 
 def _prune_partials(ctx: RoundContext) -> None:

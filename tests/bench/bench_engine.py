@@ -97,7 +97,8 @@ def start(campaign: Path, out: Path, env: dict[str, str] | None = None) -> tuple
 
 
 def exp_dir(root: Path) -> Path:
-    return next((root / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/*/*"))
+    found = next((root / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/*/*"), None)
+    return found if found is not None else root / "ephemeral" / "not-yet"
 
 
 def runs_dir(root: Path) -> Path:
@@ -227,7 +228,7 @@ def _log_of(root: Path, rnd: int) -> Path:
 def _tracker(root: Path) -> int | None:
     try:
         return int((exp_dir(root) / "checkpoints" / "megatron" / "latest_checkpointed_iteration.txt").read_text().strip())
-    except (OSError, ValueError, StopIteration):
+    except (OSError, ValueError):
         return None
 
 
@@ -257,7 +258,7 @@ def bench_work_lost(root: Path, trials: int, steps: int = 12, kill_after: int = 
             target = rnd * steps + kill_after
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                rolls = rollouts_in([_log_of(root, rnd)]) if (root / "ephemeral").exists() else []
+                rolls = rollouts_in([_log_of(root, rnd)])
                 if any(rid >= target for rid, _ in rolls):
                     break
                 if proc.poll() is not None:
@@ -318,6 +319,32 @@ def bench_work_lost(root: Path, trials: int, steps: int = 12, kill_after: int = 
             "met": all(x["adopted"] and not x["trainer_relaunched"] and x["steps_rerun"] == 0 for x in out_a)},
         "final_exit": code, "approx_step_s": step_s,
     }
+
+
+# -- 0. floors: what the machine's disk and process start cost right now ---------------------------
+def bench_floors(root: Path, n: int = 60) -> dict[str, Any]:
+    """The fsync'd writes every transition pays for (store.py's own functions), and a spawn."""
+    from shoprld.daemon.store import Store, atomic_write_json
+
+    doc = {"state": "TRAIN", "round": 3, "children": {"trainer": {"pid": 1, "argv": ["x"] * 40}}, "seq": 1}
+    atomic, append, spawn = [], [], []
+    store = Store(root / "state")
+    store.dir.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        t = time.perf_counter()
+        atomic_write_json(root / "state" / "probe.json", {**doc, "seq": i})
+        atomic.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        store.append({"event": "probe", "seq": i})
+        append.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        subprocess.run(["/bin/true"])
+        spawn.append((time.perf_counter() - t) * 1000)
+    store.release_lock()
+    return {"atomic_write_fsync_ms": summary(atomic), "journal_append_fsync_ms": summary(append),
+            "spawn_true_ms": summary(spawn),
+            "note": "a hand-off (child exit -> next child spawned) persists state.json and status.json "
+                    "on unregister, transition and register, and fsyncs 3 journal lines: ~15 fsyncs"}
 
 
 # -- 4 and 5. footprint and status ----------------------------------------------------------------------------
@@ -397,6 +424,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"bench": "engine", "mode": "quick" if a.quick else "full", "machine": machine()}
     sections = [
+        ("floors", bench_floors),
         ("transitions", lambda r: bench_transitions(r, 4 if a.quick else 10)),
         ("crash_recovery", lambda r: bench_recovery(r, 5 if a.quick else 10)),
         ("work_lost", lambda r: bench_work_lost(r, 2 if a.quick else 4)),

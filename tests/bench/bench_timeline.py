@@ -239,9 +239,10 @@ def alive(pid: int | None) -> bool:
 class ShopsimKiller(threading.Thread):
     """SIGKILLs ShopSim once, when any trainer log shows rollout ``at`` (the ShopSim death)."""
 
-    def __init__(self, logs: Callable[[], list[Path]], pid: Callable[[], int | None], at: int, t0: float) -> None:
+    def __init__(self, name: str, logs: Callable[[], list[Path]], pid: Callable[[], int | None], at: int,
+                 t0: float) -> None:
         super().__init__(daemon=True)
-        self.logs, self.pid, self.at, self.t0 = logs, pid, at, t0
+        self.name, self.logs, self.pid, self.at, self.t0 = name, logs, pid, at, t0
         self.killed_at: float | None = None
         self.killed_pid: int | None = None
         self.stop = threading.Event()
@@ -253,7 +254,7 @@ class ShopsimKiller(threading.Thread):
                 if pid and alive(pid):
                     os.kill(pid, signal.SIGKILL)
                     self.killed_at, self.killed_pid = time.monotonic() - self.t0, pid
-                    log(f"killed ShopSim pid {pid} at rollout >= {self.at}")
+                    log(f"{self.name}: killed ShopSim pid {pid} (trainer at rollout >= {self.at})")
                 return
 
 
@@ -276,10 +277,10 @@ def shoprld_train_logs(root: Path) -> list[Path]:
 def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Plan | None,
                 deadline: float) -> dict[str, Any]:
     """shoprld under a systemd-like supervisor (Restart=on-failure, RestartSec scaled)."""
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     killer = None
     if plan is not None:
-        killer = ShopsimKiller(lambda: [p for p in shoprld_train_logs(root) if p.name == "r003-train.log"],
+        killer = ShopsimKiller("shoprld", lambda: [p for p in shoprld_train_logs(root) if p.name == "r003-train.log"],
                                lambda: shoprld_status_pid(root, "shopsim"), plan.kill_shopsim_at, t0)
         killer.start()
     starts: list[dict[str, Any]] = []
@@ -300,7 +301,7 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
             starts[-1]["exit"] = code
             if code in NO_RESTART:
                 break
-            log(f"shoprld exited {code}; restarting as systemd would (RestartSec {RESTART_SEC:.3f}s)")
+            log(f"shoprld: daemon exited {code}; restarting it as systemd would (RestartSec {RESTART_SEC:.3f}s)")
             time.sleep(RESTART_SEC)
     finally:
         if killer is not None:
@@ -315,9 +316,10 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
     out: dict[str, Any] = {"wall_s": round(wall, 2), "exit": code, "final_state": state,
                            "done": code == 0 and state == "DONE",
                            "daemon_starts": len(starts), "systemd_restarts": len(starts) - 1, "starts": starts,
-                           "human_interventions": 0 if code == 0 and state == "DONE" else None}
+                           # a stop that systemd does not restart (exit 3, 4, 5) needs a human
+                           "human_interventions": 0 if code == 0 and state == "DONE" else 1}
     if plan is not None:
-        base = recs[0]["t"] if recs else 0.0
+        base = wall0  # journal times are wall clock: make them relative to this run's start
         out["trainer_launches"] = sum(1 for r in recs if r["event"] == "stage.spawn" and r.get("role") == "trainer")
         out["recoveries"] = [
             {"t": round(r["t"] - base, 2), "round": r.get("round"), "event": r["event"],
@@ -336,7 +338,7 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
     launch_logs: list[Path] = []
     killer = None
     if plan is not None:
-        killer = ShopsimKiller(lambda: list(launch_logs), lambda: read_pid(pidfile), plan.kill_shopsim_at, t0)
+        killer = ShopsimKiller("bash", lambda: list(launch_logs), lambda: read_pid(pidfile), plan.kill_shopsim_at, t0)
         killer.start()
     launches: list[dict[str, Any]] = []
     interventions: list[dict[str, Any]] = []

@@ -60,7 +60,7 @@ def wait_for(pred, timeout: float, what: str):  # type: ignore[no-untyped-def]
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def stop_session_sync(sid: int, grace: float = 15.0) -> None:
+def stop_session_sync(sid: int, grace: float = 10.0) -> None:
     """SIGTERM, then SIGKILL, every pid in session ``sid``; bounded waits."""
     assert sid > 1 and sid != os.getsid(0)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
@@ -143,17 +143,20 @@ def tagged_sessions(state_dir: Path) -> set[int]:
     return out
 
 
-def start_daemon(campaign: Path, out: Path) -> subprocess.Popen[bytes]:
+def start_daemon(campaign: Path, out: Path, *args: str) -> subprocess.Popen[bytes]:
     with open(out, "ab") as fh:
-        return subprocess.Popen([sys.executable, str(RUNNER), str(campaign)], stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen([sys.executable, str(RUNNER), str(campaign), *args], stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+@pytest.mark.parametrize("engine", ["as-is", "with-engine-diff"])
 def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitted(
-        head: Head, tmp_path: Path) -> None:
+        head: Head, tmp_path: Path, engine: str) -> None:
     """Two rounds run TRAIN as Ray jobs; the daemon is SIGKILLed while round 0's job runs and
     restarted; the Jobs API then shows exactly one job per round, all SUCCEEDED, and the
-    campaign completes."""
+    campaign completes (the engine as it is: TRAIN's start re-attaches; with the proposed
+    engine diff: the persisted job record is adopted)."""
+    args = ("--with-engine-diff",) if engine == "with-engine-diff" else ()
     campaign = create_tree(tmp_path, fast=True, rounds=2)
     text = campaign.read_text()
     text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
@@ -166,7 +169,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     log0 = layout.stage_log(0, "TRAIN")
     out = tmp_path / "daemon.out"
     started = time.monotonic()
-    daemon = start_daemon(campaign, out)
+    daemon = start_daemon(campaign, out, *args)
     try:
         # Mid-job: the job is RUNNING and has logged a few rollouts into the stage log.
         wait_for(lambda: [j for j in head.jobs() if j["status"] == "RUNNING"], 120, "round 0's job RUNNING")
@@ -176,7 +179,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
         daemon.wait(timeout=10)
         [job] = head.jobs()
         assert job["status"] in ("PENDING", "RUNNING"), job["status"]  # the job outlived the daemon
-        daemon = start_daemon(campaign, out)
+        daemon = start_daemon(campaign, out, *args)
         rc = daemon.wait(timeout=300)
         elapsed = time.monotonic() - started
         assert rc == 0, out.read_text()[-3000:]
@@ -197,13 +200,19 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
         assert "WANDB_API_KEY" in j["runtime_env"]["env_vars"]
         assert "demo-fake-wandb-key" not in j["entrypoint"]
     text0 = log0.read_text()
-    assert "re-attach trainer: ray job " + f"{PREFIX}round-000-1" in text0
     assert re.search(r"^rollout 19/20", text0, re.MULTILINE)
+    adopted = [r for r in map(json.loads, (state_dir / "journal.jsonl").read_text().splitlines())
+               if r.get("event") == "child.adopted" and r.get("role") == "trainer"]
+    if engine == "with-engine-diff":
+        assert len(adopted) == 1 and "re-attach trainer" not in text0
+    else:
+        assert not adopted and f"re-attach trainer: ray job {PREFIX}round-000-1" in text0
     status = json.loads((state_dir / "status.json").read_text())
     assert status["state"] == "DONE"
     ledger = layout.ledger.read_text().splitlines()
     assert any(f"{PREFIX}round-000-1" in line for line in ledger)
-    print(f"\nreal-ray campaign with a SIGKILL mid-job: {elapsed:.1f}s, jobs: {sorted(j['submission_id'] for j in jobs)}")
+    print(f"\nreal-ray campaign ({engine}) with a SIGKILL mid-job: {elapsed:.1f}s, "
+          f"jobs: {sorted(j['submission_id'] for j in jobs)}")
 
 
 def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by_session(tmp_path: Path) -> None:

@@ -1,0 +1,192 @@
+"""Soak: a long demo campaign of very short rounds, sampling the daemon (issue 10, item 5).
+
+    .venv/bin/python tests/bench/bench_soak.py [--quick] [--rounds N] [--interval S] [--keep DIR]
+
+A script, not a test (pytest collects test_*.py only). Prints ONE JSON object on stdout;
+progress goes to stderr.
+
+The campaign is the demo recipe cut to the bone, so that the daemon does a full round's
+worth of work (every state, ~8 child processes, ~20 journal records, the ledger row,
+retention) as often as possible: 1 slime step per round, DEMO_STEP_SECONDS 0, 1 val task,
+4 KiB checkpoints, no val-server load time, a 20 ms analyst poll. Full mode: 1,000 rounds
+(issue 10 asks for >= 1,000 rounds or >= 30 min; ~40 min here); ``--quick``: 80 rounds (~3 min).
+
+Every ``--interval`` seconds it samples the daemon's VmRSS, open fds (/proc/<pid>/fd),
+threads and CPU (utime+stime), plus the rounds done (ledger rows) and the sizes of the
+journal, state.json and status.json. It reports least-squares slopes against the round
+count after a warm-up (the first 10 % of rounds): RSS KiB/round, fds/round, threads/round,
+and the round duration's own trend (s/round per round: a per-round cost that grows).
+
+Expected growth: the ledger (one row per round) and the journal grow with rounds, by design.
+RSS and fds must stay flat; ``rounds_done`` (one small dict per round, kept in memory and
+written into every state.json/status.json/journal snapshot) is the one in-memory structure
+that grows with the round count, so a small RSS slope from it is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    cleanup_tree,
+    emit_json,
+    linreg,
+    log,
+    machine,
+    make_tree,
+    proc_sample,
+)
+
+from tests.demotree import SHOPRLD  # noqa: E402
+
+
+def ledger_rows(root: Path) -> int:
+    try:
+        with open(root / "repo" / "reports" / "shoprld" / "demo.tsv", "rb") as fh:
+            lines = [ln for ln in fh.read().splitlines() if ln and not ln.startswith(b"#")]
+        return max(0, len(lines) - 1)  # minus the header
+    except OSError:
+        return 0
+
+
+def size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="80 rounds (~3 min)")
+    ap.add_argument("--rounds", type=int, help="override the round count (default 1000, quick 100)")
+    ap.add_argument("--interval", type=float, default=2.0, help="sampling interval, seconds")
+    ap.add_argument("--timeout", type=float, default=4 * 3600.0)
+    ap.add_argument("--keep", type=Path, help="work in this dir and keep it")
+    a = ap.parse_args()
+    rounds = a.rounds or (80 if a.quick else 1000)
+    work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-soak-"))
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    campaign = make_tree(work, rounds=rounds, edits={
+        r"^steps_per_round = 20$": "steps_per_round = 1",
+        r'^step_seconds = ".*"$': 'step_seconds = "0"',
+        r'DEMO_CKPT_BYTES = "1048576"': 'DEMO_CKPT_BYTES = "4096"',
+        r"^tasks = 40$": "tasks = 1",
+        r"^concurrency = 8$": "concurrency = 1",
+    })
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("DEMO_", "BENCH_", "SHOPRLD_"))}
+    env.update({"DEMO_VAL_LOAD_SECONDS": "0", "DEMO_ANALYST_POLL": "0.02", "DEMO_ANALYST_SECONDS": "0",
+                "DEMO_HF_BYTES": "4096"})
+    state = work / "state"
+    samples: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"bench": "soak", "mode": "quick" if a.quick else "full", "rounds_planned": rounds,
+                              "interval_s": a.interval, "machine": machine()}
+    t0 = time.monotonic()
+    with open(work / "daemon.log", "wb") as out:
+        proc = subprocess.Popen([*SHOPRLD, "run", "-c", str(campaign)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    stop = threading.Event()
+
+    def sample() -> None:
+        last_log = 0.0
+        while not stop.is_set():
+            s = proc_sample(proc.pid)
+            if s is None:
+                return
+            s.update({"rounds": ledger_rows(work), "journal_bytes": size(state / "journal.jsonl"),
+                      "state_bytes": size(state / "state.json"), "status_bytes": size(state / "status.json"),
+                      "wall": s["t"] - t0})
+            samples.append(s)
+            if s["t"] - last_log > 30:
+                last_log = s["t"]
+                log(f"{s['wall']:.0f}s rounds={s['rounds']} rss={s['rss_kib']}KiB fds={s['fds']} "
+                    f"threads={s['threads']} journal={s['journal_bytes'] >> 10}KiB")
+            stop.wait(a.interval)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        code = proc.wait(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        stop.set()
+        th.join(timeout=10)
+        cleanup_tree(work)
+    wall = time.monotonic() - t0
+    done = ledger_rows(work)
+    report.update({"exit": code, "rounds_done": done, "wall_s": round(wall, 1),
+                   "rounds_per_min": round(done / wall * 60, 1) if wall else None, "samples": len(samples)})
+    warm = [s for s in samples if s["rounds"] >= max(1, done // 10)]
+    if len(warm) >= 3:
+        xs = [float(s["rounds"]) for s in warm]
+
+        def slope(key: str) -> dict[str, float]:
+            b, _, r2 = linreg(xs, [float(s[key]) for s in warm])
+            return {"per_round": round(b, 4), "r2": round(r2, 3)}
+
+        per_round_cpu = []
+        for p, q in zip(warm, warm[1:]):
+            if q["rounds"] > p["rounds"]:
+                per_round_cpu.append(((q["cpu_s"] - p["cpu_s"]) / (q["rounds"] - p["rounds"]), p["rounds"]))
+        cpu_b, _, cpu_r2 = linreg([r for _, r in per_round_cpu], [c for c, _ in per_round_cpu]) \
+            if len(per_round_cpu) >= 2 else (0.0, 0.0, 0.0)
+        durations = []
+        for p, q in zip(warm, warm[1:]):
+            if q["rounds"] > p["rounds"]:
+                durations.append(((q["t"] - p["t"]) / (q["rounds"] - p["rounds"]), p["rounds"]))
+        dur_b, _, dur_r2 = linreg([r for _, r in durations], [d for d, _ in durations]) \
+            if len(durations) >= 2 else (0.0, 0.0, 0.0)
+        rss = [s["rss_kib"] for s in warm]
+        report.update({
+            "warmup_rounds": done // 10,
+            "rss_kib": {"first": samples[0]["rss_kib"], "after_warmup": rss[0], "end": rss[-1],
+                        "min": min(rss), "max": max(rss), "peak_hwm": max(s["hwm_kib"] for s in samples),
+                        "slope": slope("rss_kib")},
+            "fds": {"min": min(s["fds"] for s in warm), "max": max(s["fds"] for s in warm), "slope": slope("fds")},
+            "threads": {"min": min(s["threads"] for s in warm), "max": max(s["threads"] for s in warm),
+                        "slope": slope("threads")},
+            "daemon_cpu_s_per_round": {"p50": round(statistics.median(c for c, _ in per_round_cpu), 4)
+                                       if per_round_cpu else None,
+                                       "slope_per_round": round(cpu_b, 6), "r2": round(cpu_r2, 3)},
+            "round_duration_s": {"p50": round(statistics.median(d for d, _ in durations), 3) if durations else None,
+                                 "slope_per_round": round(dur_b, 6), "r2": round(dur_r2, 3)},
+            "journal_bytes": {"end": samples[-1]["journal_bytes"], "slope": slope("journal_bytes")},
+            "state_json_bytes": {"end": samples[-1]["state_bytes"], "slope": slope("state_bytes")},
+            "status_json_bytes": {"end": samples[-1]["status_bytes"], "slope": slope("status_bytes")},
+        })
+        rss_total = report["rss_kib"]["slope"]["per_round"] * done
+        report["verdict"] = {
+            "rss_flat": abs(rss_total) < 2048,   # < 2 MiB over the whole soak
+            "rss_growth_over_soak_kib": round(rss_total, 1),
+            "fds_flat": report["fds"]["max"] - report["fds"]["min"] <= 4 and abs(report["fds"]["slope"]["per_round"]) < 0.01,
+            "threads_flat": report["threads"]["max"] - report["threads"]["min"] <= 4,
+        }
+        step = max(1, len(warm) // 40)
+        report["series"] = [{"rounds": s["rounds"], "wall_s": round(s["wall"], 1), "rss_kib": s["rss_kib"],
+                             "fds": s["fds"], "threads": s["threads"], "journal_kib": s["journal_bytes"] >> 10}
+                            for s in samples[::step]]
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    emit_json(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
