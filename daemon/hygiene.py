@@ -24,7 +24,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +42,7 @@ class HygieneWarning:
 
     path: Path
     bytes: int
-    kind: str              # "large" | "cache" | "weights" | "runs-dir" | "more"
+    kind: str              # "large" | "cache" | "weights" | "runs-dir" | "more" | "budget"
     partial: bool = False  # the size walk ran out of time: bytes is a lower bound
     count: int = 1         # "more": how many further findings under path this line stands for
 
@@ -56,6 +56,9 @@ class HygieneWarning:
             "runs-dir": "runs/ is a real directory in the checkout (tool output lands in the repo)",
             "more": f"{self.count} more cache/weights paths",
         }.get(self.kind, self.kind)
+        if self.kind == "budget":
+            return (f"repo hygiene: the scan ran out of its time budget; {self.count} untracked paths in "
+                    f"{self.path} were not sized; fix: look at `git status --ignored` there")
         fix = ("move it to the experiment dir and make runs a symlink (storage.manage_runs_link)"
                if self.kind == "runs-dir" else
                "move it under /ephemeral (the campaign root or the shared cache) and point the tool there")
@@ -66,12 +69,18 @@ class HygieneWarning:
 
 
 def scan_repo(repo: Path, max_bytes: int = 50 * 1024**2, allowed: Sequence[str] = DEFAULT_ALLOWED, *,
-              time_budget: float = 5.0, git_timeout: float = 10.0) -> list[HygieneWarning]:
-    """Findings in ``repo`` (see the module docstring). Never raises for a missing repo."""
+              time_budget: float = 5.0, git_timeout: float = 10.0,
+              clock: Callable[[], float] = time.monotonic) -> list[HygieneWarning]:
+    """Findings in ``repo`` (see the module docstring). Never raises for a missing repo.
+
+    The size walks share ``time_budget`` seconds: a walk cut short reports its size as a lower
+    bound (and warns, since sizing it took that long), and the entries not reached at all are
+    summed up in one ``budget`` line. ``clock`` is the seam the tests use.
+    """
     repo = Path(repo)
     if not repo.is_dir():
         return []
-    deadline = time.monotonic() + time_budget
+    deadline = clock() + time_budget
     entries = _git_entries(repo, git_timeout)
     if entries is None:  # not a git checkout (or git missing): every top-level entry is "untracked"
         try:
@@ -80,11 +89,12 @@ def scan_repo(repo: Path, max_bytes: int = 50 * 1024**2, allowed: Sequence[str] 
             return []
     allow = [a.strip("/") for a in allowed]
     out: list[HygieneWarning] = []
-    for rel in entries:
-        rel = rel.rstrip("/")
-        if not rel or _allowed(rel, allow):
-            continue
-        out.extend(_check_entry(repo, rel, max_bytes, allow, deadline))
+    todo = [r.rstrip("/") for r in entries if r.rstrip("/") and not _allowed(r.rstrip("/"), allow)]
+    for i, rel in enumerate(todo):
+        if clock() > deadline:
+            out.append(HygieneWarning(repo, 0, "budget", count=len(todo) - i))
+            break
+        out.extend(_check_entry(repo, rel, max_bytes, allow, deadline, clock))
     return out
 
 
@@ -117,8 +127,8 @@ def _is_weights(name: str) -> bool:
     return any(fnmatch.fnmatch(name, g) for g in WEIGHT_GLOBS)
 
 
-def _check_entry(repo: Path, rel: str, max_bytes: int, allow: Sequence[str],
-                 deadline: float) -> list[HygieneWarning]:
+def _check_entry(repo: Path, rel: str, max_bytes: int, allow: Sequence[str], deadline: float,
+                 clock: Callable[[], float]) -> list[HygieneWarning]:
     path = repo / rel
     try:
         st = os.lstat(path)
@@ -131,14 +141,14 @@ def _check_entry(repo: Path, rel: str, max_bytes: int, allow: Sequence[str],
         if _is_weights(name):
             return [HygieneWarning(path, st.st_size, "weights")]
         return [HygieneWarning(path, st.st_size, "large")] if st.st_size > max_bytes else []
-    total, partial, inner = _walk(path, repo, allow, deadline, max_bytes)
+    total, partial, inner = _walk(path, repo, allow, deadline, max_bytes, clock)
     if name == "runs":
         return [HygieneWarning(path, total, "runs-dir", partial)]
     if name in CACHE_DIRS and (name not in _SIZE_GATED or total > max_bytes):
         if total > 0:
             return [HygieneWarning(path, total, "cache", partial)]
         return []
-    if total > max_bytes:
+    if total > max_bytes or partial:
         return [HygieneWarning(path, total, "large", partial)]
     out = inner[:_MAX_INNER]
     if len(inner) > _MAX_INNER:
@@ -147,8 +157,8 @@ def _check_entry(repo: Path, rel: str, max_bytes: int, allow: Sequence[str],
     return out
 
 
-def _walk(top: Path, repo: Path, allow: Sequence[str], deadline: float,
-          max_bytes: int) -> tuple[int, bool, list[HygieneWarning]]:
+def _walk(top: Path, repo: Path, allow: Sequence[str], deadline: float, max_bytes: int,
+          clock: Callable[[], float]) -> tuple[int, bool, list[HygieneWarning]]:
     """(bytes, ran out of time, inner findings) of a directory; no symlinks followed, no
     other filesystem entered, allowed records skipped."""
     total = 0
@@ -159,7 +169,7 @@ def _walk(top: Path, repo: Path, allow: Sequence[str], deadline: float,
         return 0, False, []
     stack = [top]
     while stack:
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             return total, True, inner
         d = stack.pop()
         try:
@@ -180,7 +190,7 @@ def _walk(top: Path, repo: Path, allow: Sequence[str], deadline: float,
                 if st.st_dev != dev:
                     continue
                 if e.name in CACHE_DIRS or e.name == "runs":
-                    size, part, _ = _walk(p, repo, allow, deadline, max_bytes)
+                    size, part, _ = _walk(p, repo, allow, deadline, max_bytes, clock)
                     total += size
                     if e.name == "runs":
                         inner.append(HygieneWarning(p, size, "runs-dir", part))

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,48 @@ def kill_tree_leftovers(root: Path) -> None:
                     os.kill(int(entry), signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def leak_hits(root: Path, values: list[str], extra_texts: dict[str, str] | None = None) -> list[str]:
+    """Every file under the tree (but .env) and every extra text that contains a secret value."""
+    hits = []
+    needles = [v.encode() for v in values if v]
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink() and p.name != ".env":
+            try:
+                data = p.read_bytes()
+            except OSError:
+                continue
+            hits += [f"{p}: {n.decode()[:6]}…" for n in needles if n in data]
+    for name, text in (extra_texts or {}).items():
+        hits += [f"{name}: {n.decode()[:6]}…" for n in needles if n in text.encode()]
+    return hits
+
+
+class CmdlineSampler(threading.Thread):
+    """Snapshots /proc/<pid>/cmdline of this tree's children while a campaign runs."""
+
+    def __init__(self, root: Path, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.tag = f"SHOPRLD_CHILD={root / 'state'}|".encode()
+        self.interval = interval
+        self.cmdlines: dict[int, str] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) in self.cmdlines:
+                    continue
+                try:
+                    env = Path(f"/proc/{entry}/environ").read_bytes()
+                    if self.tag in env:
+                        self.cmdlines[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().decode(
+                            errors="replace").replace("\0", " ")
+                except OSError:
+                    continue
+            time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)

@@ -22,7 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, results, run_daemon, start_daemon, status
+from shoprld.daemon.demo import FAKE_ENV
+from tests.demotree import (
+    kill_tree_leftovers,
+    leak_hits,
+    ledger_rows,
+    make_tree,
+    results,
+    run_daemon,
+    start_daemon,
+    status,
+)
+
+FAKE_SECRETS = [line.split("=", 1)[1] for line in FAKE_ENV.splitlines() if "=" in line and not line.startswith("#")]
 
 ROUNDS = 5
 STEPS = 20
@@ -105,6 +117,7 @@ def check_campaign(root: Path, reference: dict[str, bytes], rounds: int = ROUNDS
     rows = [int(r[0]) for r in ledger_rows(root)]
     if rows != list(range(rounds)):
         bad.append(f"{root}: ledger rows {rows}")
+    bad += [f"secret leaked: {hit}" for hit in leak_hits(root, FAKE_SECRETS)]
     saves = _end_saves(root)
     for r in range(rounds):
         if saves.get((r + 1) * STEPS, 0) != 1:

@@ -133,13 +133,22 @@ def test_not_a_git_checkout_falls_back_to_a_size_walk(tmp_path: Path) -> None:
     assert set(got) == {"big"} and got["big"].bytes == 70 * MiB
 
 
-def test_time_budget_marks_sizes_as_lower_bounds(repo: Path) -> None:
-    """When the walk runs out of time the size is a lower bound, shown with '>='; a missing repo is no finding."""
-    for i in range(50):
-        _sparse(repo / "outputs" / f"d{i}" / "f.bin", 2 * MiB)
-    got = scan_repo(repo, 1, time_budget=0.0)
-    assert got and all(w.partial for w in got if w.path.name == "outputs")
-    assert ">= " in got[0].line()
+def test_time_budget_marks_sizes_as_lower_bounds_and_counts_what_was_not_sized(repo: Path) -> None:
+    """A walk cut short by the budget warns with a lower bound ('>='); the entries never reached are
+    summed up in one line; a missing repo is no finding."""
+    for i in range(20):
+        _sparse(repo / "outputs" / f"d{i}" / "f.bin", 1024)
+    _sparse(repo / "zz-later.bin", 10)
+    ticks = iter(range(10_000))
+
+    def clock() -> float:  # one second per call: the budget of 8 s ends inside outputs/
+        return float(next(ticks))
+
+    got = scan_repo(repo, 50 * MiB, time_budget=8.0, clock=clock)
+    by = {w.kind: w for w in got}
+    assert by["large"].path == repo / "outputs" and by["large"].partial and ">= " in by["large"].line()
+    assert 0 < by["large"].bytes < 20 * 1024
+    assert by["budget"].count == 1 and "were not sized" in by["budget"].line()
     assert scan_repo(repo / "nope", 1) == []
 
 
