@@ -53,17 +53,31 @@ KILL_POINTS = [f"{s.value}:{p}:{i % ROUNDS}" for i, (s, p) in enumerate(
 KILL_POINTS += ["PREFLIGHT_DISK:enter:0", "START_SHOPSIM:enter:1", "START_SHOPSIM:mid:0", "PREFLIGHT_DISK:done:2"]
 
 
+QUICK_KILL_POINTS = ["TRAIN:spawn-trainer:0", "EXPORT_HF:done:0", "VAL:mid:1", "GATE:done:2", "INJECT:enter:3",
+                     "NEXT_ROUND:done:4"]
+
+
+def test_crash_matrix_quick(reference: Path, tmp_path: Path) -> None:
+    """A few kill points (one per state kind) in one campaign: it resumes to the reference results."""
+    _crash_matrix(reference, tmp_path, QUICK_KILL_POINTS)
+
+
+@pytest.mark.slow
 def test_crash_matrix_sigkill_at_every_state_resumes_to_identical_results(reference: Path, tmp_path: Path) -> None:
     """SIGKILL the daemon right after entering, in the middle of, and after the output of every
     state; restarting each time, the campaign completes with the reference results, no round
     repeated or skipped, and the ledger has one row per round."""
+    _crash_matrix(reference, tmp_path, KILL_POINTS)
+
+
+def _crash_matrix(reference: Path, tmp_path: Path, points: list[str]) -> None:
     campaign = make_tree(tmp_path, rounds=ROUNDS)
     marks = tmp_path / "kill-marks"
     marks.mkdir()
-    env = {"SHOPRLD_TEST_KILL": ",".join(KILL_POINTS), "SHOPRLD_TEST_KILL_DIR": str(marks)}
+    env = {"SHOPRLD_TEST_KILL": ",".join(points), "SHOPRLD_TEST_KILL_DIR": str(marks)}
     kills = 0
     try:
-        for _ in range(len(KILL_POINTS) + 3):
+        for _ in range(len(points) + 3):
             proc = run_daemon(campaign, env=env)
             if proc.returncode == 0:
                 break
@@ -73,7 +87,7 @@ def test_crash_matrix_sigkill_at_every_state_resumes_to_identical_results(refere
         kill_tree_leftovers(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     fired = sorted(p.name for p in marks.iterdir())
-    assert kills == len(fired) == len(KILL_POINTS), (kills, fired)
+    assert kills == len(fired) == len(points), (kills, fired)
     assert status(tmp_path)["state"] == "DONE"
     assert results(tmp_path) == results(reference)
     assert [int(row[0]) for row in ledger_rows(tmp_path)] == list(range(ROUNDS))

@@ -105,7 +105,9 @@ def _child_pid(root: Path, role: str) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("role,state", [("shopsim", "TRAIN"), ("val_server", "VAL"), ("trainer", "TRAIN")])
+@pytest.mark.parametrize("role,state", [
+    pytest.param("shopsim", "TRAIN", marks=pytest.mark.slow), pytest.param("val_server", "VAL", marks=pytest.mark.slow),
+    ("trainer", "TRAIN")])
 def test_sigkill_of_a_child_mid_stage_is_survived(reference: Path, tmp_path: Path, role: str, state: str) -> None:
     """SIGKILL ShopSim, the val server (its whole group) or the trainer in the middle of a stage:
     the campaign completes with identical results."""
