@@ -25,6 +25,10 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
+    from .commands import round_values
+    from .preflight import real_stack_problems
+
+    problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
     return problems
 
 
@@ -64,8 +68,12 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         out("\nstage commands (round 0 and round 1; secrets masked)\n")
         for line in describe_commands(cfg, layout, secrets):
             out(f"{line}\n")
+    from .commands import shopsim_exposure_warning
     from .preflight import df_text
 
+    warning = shopsim_exposure_warning(cfg.shopsim.url)
+    if warning:
+        out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
     problems = _blocking(cfg, layout, secrets)
     if problems:

@@ -49,7 +49,8 @@ from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
 from .layout import Layout
 from .machine import ADVANCE, ROUND_STATES, Machine, State
-from .processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive, proc_start_ticks
+from .notify import Notifier, status_line
+from .processes import Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
 from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json
@@ -128,7 +129,10 @@ class Engine:
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
-        self.launcher: Launcher = _TaggingLauncher(launcher or LocalLauncher(), str(layout.state_dir))
+        from .raylauncher import build_launcher
+
+        self._raw_launcher = launcher or build_launcher(cfg, layout)
+        self.launcher: Launcher = _TaggingLauncher(self._raw_launcher, str(layout.state_dir))
         self.wait_for_space = wait_for_space
         self._transport = transport
         self.store = Store(layout.state_dir)
@@ -152,8 +156,9 @@ class Engine:
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
         self.demo_dir = demo_dir()
-        self.notifier = _notifier()
+        self.notifier = Notifier()
         self.http: httpx.AsyncClient
+        self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -169,6 +174,10 @@ class Engine:
                     tg.start_soon(self._watchdog)
                     code = await self._drive(tg)
                     tg.cancel_scope.cancel()
+            aclose = getattr(self._raw_launcher, "aclose", None)
+            if aclose is not None:  # e.g. a Ray head this daemon started
+                with anyio.CancelScope(shield=True):
+                    await aclose()
             return code
         finally:
             self._write_status(force=True)
@@ -196,7 +205,7 @@ class Engine:
                 rec = ChildRecord.from_json(raw)
             except (TypeError, KeyError):
                 continue
-            if pid_alive(rec.pid, rec.start_ticks):
+            if rec.job_id or pid_alive(rec.pid, rec.start_ticks):  # a Ray job: its launcher re-attaches
                 self.adoptable[role] = rec
         for role, rec in self._tagged_strays().items():
             self.adoptable.setdefault(role, rec)
@@ -209,6 +218,10 @@ class Engine:
             "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
             "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
         }
+        last = ckpt.scan(self.layout.save_dir).latest_complete
+        if last is not None:
+            self.snap["last_checkpoint"] = {"iteration": last.iteration, "path": str(last.path), "complete": True,
+                                            "bytes": last.bytes, "committed_at": last.committed_at}
 
     def _tagged_strays(self) -> dict[str, ChildRecord]:
         """Session leaders carrying this campaign's tag: children whose record a crash lost."""
@@ -575,10 +588,32 @@ class Engine:
 
     async def _on_signal(self, signum: int) -> int | None:
         if signum == signal.SIGHUP:
-            log.info("config.reload", note="non-structural settings are read at each stage start")
+            self._reload()
             return None
         log.info("daemon.signal", signal=signal.Signals(signum).name)
         return await self._stop_now(EXIT_OK, "requested")
+
+    # Sections whose change would move files or change what a round is: not reloadable.
+    STRUCTURAL = ("campaign", "storage", "gpus")
+
+    def _reload(self) -> None:
+        """SIGHUP: re-read the campaign file; apply it when only non-structural sections changed
+        (limits, intervals, timeouts, retries, stall and gate policy, commands). Stages started
+        from now on see it; the running one keeps what it started with."""
+        try:
+            new = load_config(self.cfg.source)
+        except ShoprldError as exc:
+            log.warning("config.reload_rejected", error=str(exc))
+            return
+        changed = [k for k in self.STRUCTURAL if getattr(new, k) != getattr(self.cfg, k)]
+        if changed:
+            log.warning("config.reload_rejected", error=f"structural sections changed: {', '.join(changed)}; "
+                        "restart the daemon to apply them")
+            return
+        self.cfg = new
+        self.base_env = self.layout.child_env(new)
+        self._journal("config.reloaded")
+        log.info("config.reload", source=str(new.source))
 
     async def _on_stop(self, mode: str) -> int | None:
         self._journal("stop.requested", mode=mode)
@@ -597,6 +632,8 @@ class Engine:
         self._journal("checkpoint.committed", iteration=ev["iteration"], bytes=ev.get("bytes"),
                       latency_ms=ev.get("latency_ms"))
         self._write_status(force=True)
+        if self._guard is not None:  # limits follow the measured checkpoint size
+            self._guard.limits = self._limits()
         if self.machine.state is State.TRAIN:
             if self.park_pending:
                 return await self._park(self.park_pending)
@@ -627,11 +664,11 @@ class Engine:
         return {"soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes}
 
     async def _disk_monitor(self) -> None:
-        guard = diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
+        guard = self._guard = diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
 
         async def emit(ev: dict[str, Any]) -> None:
             if ev["event"] == "disk.sample":
-                lim = guard.limits if hasattr(guard, "limits") else self._limits()
+                lim = guard.limits
                 self.snap["disk"] = {"path": str(self.layout.ephemeral_root), "total_bytes": ev.get("total_bytes"),
                                      "free_bytes": ev.get("free_bytes"), "inodes_free": ev.get("inodes_free"),
                                      "soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes,
@@ -715,7 +752,7 @@ class Engine:
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
         self._persist()
         _maybe_die(dst, "enter", self.round)
-        self.notifier.status(_status_line(self.snap))
+        self.notifier.status(status_line(self.snap))
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
         if dst is State.TRAIN and src is State.START_SHOPSIM or dst is State.DONE and src is State.START_SHOPSIM:
@@ -782,7 +819,7 @@ class Engine:
                 left = self.cfg.campaign.steps_per_round - self.snap["step"]
                 self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self._write_status()
-            self.notifier.status(_status_line(self.snap))
+            self.notifier.status(status_line(self.snap))
         elif event == "train.stall":
             self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self._journal("train.stall", **fields)
@@ -840,19 +877,6 @@ def _gib(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
 
 
-def _status_line(snap: dict[str, Any]) -> str:
-    try:
-        from .notify import status_line
-
-        return status_line(snap)
-    except ImportError:  # pragma: no cover
-        return f"{snap.get('state')} round {snap.get('round')}"
-
-
-def _notifier() -> Any:
-    from .notify import Notifier
-
-    return Notifier()
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,

@@ -405,9 +405,9 @@ def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *,
         plan = plan_clean(cfg, layout, keep_final=keep_final)
         _print_plan(plan, cfg, layout, out, dry_run=False)
         rec, files = write_record(camp, plan=plan)
-        out.write(f"reproducibility record: {rec}/ ({len(files)} files)\n")
         freed, errors = execute(plan, layout.campaign_root)
         _write_cleanup(rec, plan, freed, errors, keep_final, camp.secrets)
+        out.write(f"reproducibility record: {rec}/ ({len(files) + ('cleanup.json' not in files)} files)\n")
         store.append({"event": "campaign.cleaned", "freed_bytes": freed, "keep_final": keep_final,
                       "deleted": [str(i.path) for i in plan.items], "record": str(rec),
                       "refused": [str(p) for p, _ in plan.refused]})
@@ -1191,6 +1191,11 @@ def import_campaign(bundle: Path, repo: Path, ephemeral_root: Path, state_dir: P
         if problem:
             raise LifecycleError(f"checkpoint not ready: {problem}; fix: copy {ck['path']} and "
                                  f"{Path(ck['save_dir']) / ckpt.TRACKER_NAME} into {layout.save_dir}/ "
+                                 "(MOVE_CHECKLIST.md section 2), then rerun import-campaign")
+    for item in manifest["copy"]:  # the rest of the resume point (slime's data-sampler state)
+        dst = _dest(item, old, rp)
+        if item["required"] and item["root"] == "exp_dir" and not os.path.lexists(dst):
+            raise LifecycleError(f"{dst}: missing ({item['what']}); fix: copy {item['src']} there "
                                  "(MOVE_CHECKLIST.md section 2), then rerun import-campaign")
     # --- restore ----------------------------------------------------------------------------------
     with _Locked(new_state, "import-campaign") as store:

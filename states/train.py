@@ -45,6 +45,11 @@ async def run(ctx: RoundContext) -> Outcome:
         await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
+        from shoprld.daemon.commands import port_mismatches
+
+        bad = port_mismatches(cfg, ctx.loop_dir)
+        if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
+            return Outcome.fail("; ".join(bad[:3]))
     if cfg.train.check_command:
         await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
         verdict = _last_json_line(ctx.log_path(STATE))

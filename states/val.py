@@ -40,7 +40,16 @@ def _covered(ctx: RoundContext, summary: dict[str, object] | None) -> bool:
         coverage = float(counts.get("coverage", 0.0))
     except (TypeError, ValueError):
         return False
-    return coverage >= ctx.cfg.val.min_coverage and summary.get("weight_version") == ctx.weight_version
+    if coverage < ctx.cfg.val.min_coverage:
+        return False
+    if "weight_version" in summary:
+        return summary.get("weight_version") == ctx.weight_version
+    # The real run_shopsimrl.py does not record the served weights: then the summary must be
+    # newer than this round's export (older ones belong to a previous round's weights).
+    try:
+        return _run_dir(ctx).joinpath("summary.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
+    except FileNotFoundError:
+        return False
 
 
 def completed(ctx: RoundContext) -> bool:

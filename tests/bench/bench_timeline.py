@@ -44,11 +44,14 @@ shoprld runs as systemd would run it: when the daemon exits with a code that
 RestartPreventExitStatus does not list (3 4 5), it is restarted after RestartSec (30 s, scaled);
 those restarts are automatic, not interventions.
 
-Results are compared, per runner, with a fault-free reference of the same runner (the same
-campaign at full speed, without the stall, crashes, kill and leak; the incomplete gate is a
-result of the campaign, not a process fault, so the reference keeps it). The bash and shoprld
-references are also compared with each other (the success rates must agree; the files differ
-only by the val server's weight_version, which the seed never sets).
+Each runner first runs the same paced campaign WITHOUT the stall, crashes, kill and leak (the
+two fault-free runs side by side, then the two faulted runs side by side). That gives, per
+runner, the fault-free wall time (so ``fault_cost_s`` = faulted - fault-free wall) and the
+reference results: the per-round val, gate and SkillBank files must be byte-identical to the
+same runner's fault-free run. The incomplete gate is a result of the campaign, not a process
+fault, so the references keep it. The bash and shoprld references are also compared with each
+other: the success rates must agree (their files differ only by the val server's
+weight_version, which the seed never sets).
 
 Caveats: 2 shared cores with other work running; the daemon's fixed intervals (trainer log
 poll 0.25 s, ShopSim supervision 1 s) are NOT scaled, so in real-time terms they are
@@ -194,13 +197,11 @@ def daemon_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def campaign_env(root: Path, plan: Plan | None) -> dict[str, str]:
-    """The environment both runners get for the paced (plan) or the reference (None) run."""
-    env = {"DEMO_GATE_INCOMPLETE_ROUNDS": "round-001"}
-    if plan is None:
-        env["DEMO_VAL_LOAD_SECONDS"] = "0.05"
-        return env
-    env.update({"BENCH_PACE": json.dumps(PACE), "BENCH_FAULTS": json.dumps(plan.trainer_faults()),
-                "BENCH_FAULT_DIR": str(root / "fault-marks"), "DEMO_VAL_LOAD_SECONDS": str(VAL_LOAD_S)})
+    """The environment both runners get: the paced timeline, with the plan's faults or none."""
+    env = {"DEMO_GATE_INCOMPLETE_ROUNDS": "round-001", "BENCH_PACE": json.dumps(PACE),
+           "DEMO_VAL_LOAD_SECONDS": str(VAL_LOAD_S)}
+    if plan is not None:
+        env.update({"BENCH_FAULTS": json.dumps(plan.trainer_faults()), "BENCH_FAULT_DIR": str(root / "fault-marks")})
     return env
 
 
@@ -483,10 +484,14 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="work in this dir and keep it (default: a temp dir, removed)")
     ap.add_argument("--sequential", action="store_true", help="run bash, then shoprld (default: side by side)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per runner, seconds")
+    ap.add_argument("--check-min", type=float, default=60.0,
+                    help="real minutes between the human's looks at the bash run (default 60)")
+    ap.add_argument("--hang-min", type=float, default=60.0,
+                    help="real minutes without output after which the human calls it hung (default 60)")
     a = ap.parse_args()
     steps = 5 if a.quick else 20
     plan = Plan.for_steps(steps)
-    human = Human()
+    human = Human(check_every=a.check_min * 60 / SCALE, hang_after=a.hang_min * 60 / SCALE)
     work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-timeline-"))
     work.mkdir(parents=True, exist_ok=True)
     roots = {name: work / name for name in ("bash-ref", "shoprld-ref", "bash", "shoprld")}
@@ -497,9 +502,9 @@ def main() -> int:
     report: dict[str, Any] = {"bench": "seed_timeline", "scale": SCALE, "mode": "quick" if a.quick else "full",
                               "rounds": ROUNDS, "steps_per_round": steps, "machine": machine()}
     try:
-        trees = {n: build_tree(r, steps, 0.01 if n.endswith("-ref") else STEP_SLEEP) for n, r in roots.items()}
-        # 1. The fault-free references, both runners at once, at full speed.
-        log("references (fault-free, full speed) ...")
+        trees = {n: build_tree(r, steps, STEP_SLEEP) for n, r in roots.items()}
+        # 1. The fault-free references: the same paced campaign without the faults, side by side.
+        log(f"references: the timeline x{SCALE} without faults, {ROUNDS} rounds x {steps} steps ...")
         refs: dict[str, Any] = {}
         deadline = time.monotonic() + a.timeout
 
@@ -518,6 +523,10 @@ def main() -> int:
                                "bash_wall_s": refs["bash"]["wall_s"], "shoprld_wall_s": refs["shoprld"]["wall_s"],
                                "success_rates": ref_rates["shoprld"],
                                "bash_and_shoprld_rates_agree": ref_rates["bash"] == ref_rates["shoprld"]}
+        for n in ("bash", "shoprld"):
+            if refs[n]["done"]:
+                rolls = rollouts_in(refs[n]["_logs"] if n == "bash" else shoprld_train_logs(roots["shoprld-ref"]))
+                report["reference"][f"{n}_median_step_s"] = sorted(x for _, x in rolls)[len(rolls) // 2] if rolls else None
         # 2. The timeline with the faults, side by side.
         log(f"timeline x{SCALE}, {ROUNDS} rounds x {steps} steps, faults at {plan.trainer_faults()} ...")
         runs: dict[str, Any] = {}
@@ -546,8 +555,14 @@ def main() -> int:
             "serve_val_gate": f"12-14 min -> load {VAL_LOAD_S} s + {VAL_TASKS} val tasks + {VAL_TASKS} gate rollouts",
             "gate_to_next_slime": "50-55 s -> tool start-up (python -S)"}
         b, s = report["bash"], report["shoprld"]
+        for n, x in (("bash", b), ("shoprld", s)):
+            x["fault_free_wall_s"] = refs[n]["wall_s"]
+            x["fault_cost_s"] = round(x["wall_s"] - refs[n]["wall_s"], 2)
+            x["fault_cost_real_h"] = round(x["fault_cost_s"] * SCALE / 3600, 2)
         report["summary"] = {
             "wall_s": {"bash": b["wall_s"], "shoprld": s["wall_s"]},
+            "fault_free_wall_s": {"bash": b["fault_free_wall_s"], "shoprld": s["fault_free_wall_s"]},
+            "fault_cost_real_h": {"bash": b["fault_cost_real_h"], "shoprld": s["fault_cost_real_h"]},
             "wall_real_h": {"bash": b["wall_real_h"], "shoprld": s["wall_real_h"]},
             "trainer_s_lost": {"bash": b["trainer_s_lost"], "shoprld": s["trainer_s_lost"]},
             "human_interventions": {"bash": b["human_interventions"], "shoprld": s["human_interventions"]},

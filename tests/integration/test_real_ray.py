@@ -82,7 +82,7 @@ class Head:
     def __init__(self) -> None:
         if not RAY_BIN.exists():
             pytest.skip(f"no ray CLI next to {sys.executable}")
-        self.temp = Path(tempfile.mkdtemp(prefix="shoprld-ray-", dir="/tmp"))  # short: AF_UNIX paths
+        self.temp = Path(tempfile.mkdtemp(prefix="shoprld-test-rayhead-", dir="/tmp"))  # short: AF_UNIX paths
         self.dashboard = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard}"
         argv = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
@@ -117,7 +117,11 @@ class Head:
         except subprocess.TimeoutExpired:
             pass
         self.log.close()
-        shutil.rmtree(self.temp, ignore_errors=True)
+        for _ in range(5):  # a dying raylet can still write a file or two
+            shutil.rmtree(self.temp, ignore_errors=True)
+            if not self.temp.exists():
+                break
+            time.sleep(1.0)
 
 
 @pytest.fixture

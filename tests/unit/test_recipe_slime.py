@@ -167,7 +167,11 @@ def test_round_one_loads_the_save_dir_through_the_engines_own_context(cfg: Confi
     lay = Layout.from_config(moved, environ={})
     ctx0 = commands.round_context(moved, lay, 0)
     assert ctx0.values()["load"] == BASE and ctx0.values()["num_rollout"] == "21"
-    lay.save_dir.mkdir(parents=True)
+    it = lay.save_dir / "iter_0000020"  # round 0's final save, complete in Megatron's layout
+    it.mkdir(parents=True)
+    for name in ("common.pt", "__0_0.distcp", ".metadata"):
+        (it / name).write_bytes(b"x")
+    (it / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     (lay.save_dir / "latest_checkpointed_iteration.txt").write_text("20")
     values = commands.round_context(moved, lay, 1).values()
     assert values["load"] == str(lay.save_dir) and values["num_rollout"] == "41"
@@ -236,6 +240,19 @@ def test_every_tool_command_matches_the_seed(cfg: Config, layout: Layout) -> Non
     assert ctx.env(cfg.shopsim)["SHOPSIM_RUNS_ROOT"] == f"{PROJECT}/runs"
     assert str(cfg.shopsim.conda_prefix) == "/root/miniconda3/envs/shopsim"
     assert ctx.env(cfg.train)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_progress_pattern_reads_slimes_rollout_lines(cfg: Config) -> None:
+    """TRAIN's progress regex matches slime's per-rollout log line (Ray-prefixed or not) and
+    nothing that merely mentions a rollout."""
+    import re
+
+    pat = re.compile(cfg.train.progress_pattern)
+    lines = ["(RolloutManager pid=4242) [2026-11-30 10:00:00] rollout.py:88 - rollout 3: {'rollout/x': 0.5}",
+             "[2026-11-30 10:09:12] actor.py:412 - rollout 4: {'train/loss': 0.1}",
+             "[2026-11-30 10:00:00] rollout.py:60 - start rollout 5 with 32 groups",
+             "rollout 6/20 step_time=1.0"]
+    assert [int(m.group(1)) for ln in lines for m in pat.finditer(ln)] == [3, 4]
 
 
 def test_preflight_names_the_real_stacks_files_and_the_conversion(cfg: Config, layout: Layout) -> None:
