@@ -272,8 +272,9 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
         real = Path(os.path.realpath(path))
         if mode == "contents":
             try:
-                if not any(os.scandir(real)):
-                    return  # nothing to free
+                with os.scandir(real) as it:
+                    if next(it, None) is None:
+                        return  # nothing to free
             except OSError:
                 return
         plan.items.append(Doomed(path, what, tree_bytes(real), mode))
