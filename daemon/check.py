@@ -62,6 +62,17 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out(f"\n.env keys present ({layout.env_file}): {', '.join(present) if present else 'none'}\n")
     need = cfg.required_secrets()
     out(f".env keys required: {', '.join(f'{k} ({why})' for k, why in need.items()) or 'none'}\n")
+    from .envinfo import gpu_report, stage_env_versions
+    from .hygiene import lines, scan_repo
+
+    out("\nstage environments (tool versions, read in each env)\n")
+    for env_versions in stage_env_versions(cfg, layout):
+        out(f"  {env_versions.line()}\n")
+    gpu = gpu_report(cfg.gpus.build_sm or None, cfg.gpus.visible)
+    shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
+    out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
+    for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
+        out(f"  WARNING: {w}\n")
     if print_commands:
         from .commands import describe_commands
 

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import EXIT_BUG, EXIT_USAGE, ShoprldError
 
@@ -88,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ledger", help="print the campaign's ledger")
     _config_arg(p)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("clean", help="write a reproducibility record, then delete this campaign's heavy dirs")
+    _config_arg(p)
+    p.add_argument("--dry-run", action="store_true", help="list what would go, with sizes; change nothing")
+    p.add_argument("--keep-final", action="store_true", help="keep the final checkpoint (resumable)")
+    p = sub.add_parser("export-campaign", help="bundle the small state for another machine")
+    _config_arg(p)
+    p.add_argument("out", metavar="OUT.tar")
+    p = sub.add_parser("import-campaign", help="re-point an exported campaign at this machine's roots")
+    p.add_argument("bundle", metavar="OUT.tar")
+    p.add_argument("--repo", required=True, metavar="R")
+    p.add_argument("--ephemeral-root", required=True, metavar="E")
+    p.add_argument("--state-dir", metavar="S")
+    p.add_argument("--config-out", metavar="FILE", help="default: the old place relative to the repo")
 
     p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
     _config_arg(p)
@@ -169,6 +184,31 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from .ledger import print_ledger
 
     return print_ledger(Path(args.config), as_json=args.json)
+
+
+def _lifecycle(args: argparse.Namespace) -> Any:
+    """One-shot commands print their own report: library events from WARNING only, on stderr."""
+    from . import lifecycle
+    from .logs import configure
+
+    configure(level="DEBUG" if args.debug else "WARNING", stream=sys.stderr)
+    return lifecycle
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    return int(_lifecycle(args).clean(Path(args.config), dry_run=args.dry_run, keep_final=args.keep_final))
+
+
+def cmd_export_campaign(args: argparse.Namespace) -> int:
+    return int(_lifecycle(args).export_campaign(Path(args.config), Path(args.out)))
+
+
+def cmd_import_campaign(args: argparse.Namespace) -> int:
+    def opt(v: str | None) -> Path | None:
+        return Path(v) if v else None
+
+    return int(_lifecycle(args).import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
+                                                opt(args.state_dir), config_out=opt(args.config_out)))
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:

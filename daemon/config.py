@@ -199,6 +199,17 @@ class DiskSection(_Model):
 class GpuSection(_Model):
     visible: tuple[int, ...] = (0, 1, 2, 3)
     tp_size: int = Field(default=1, ge=1)
+    # The arch the stage envs (TE, apex) were built for ("80": the memo's A800); check warns on others.
+    build_sm: Annotated[str, BeforeValidator(lambda v: v if isinstance(v, str) else str(v))] = ""
+
+    @field_validator("build_sm")
+    @classmethod
+    def _build_sm(cls, v: str) -> str:
+        from .envinfo import normalize_sm
+
+        if v and normalize_sm(v) is None:
+            raise ValueError("expected a compute capability such as 80, sm_80 or 8.0")
+        return v
 
     @model_validator(mode="after")
     def _tp_divides(self) -> GpuSection:

@@ -148,6 +148,7 @@ class Engine:
         self.failures: dict[str, int] = {}
         self.seq = 0
         self.stage_scope: anyio.CancelScope | None = None
+        self.hygiene_warnings: list[str] = []  # the repo hygiene guard's current findings
         self.park_pending: str | None = None
         self.stopping = False
         self.state_data: dict[str, Any] = {}
@@ -248,6 +249,7 @@ class Engine:
         self.tg = tg
         prev = self.state_data["previous"]["state"]
         self._transition(None, State.PREFLIGHT_DISK, "resume" if prev else "start")
+        self._check_hygiene("start")
         self._spawn(State.PREFLIGHT_DISK)
         async for event in self.recv:
             code = await self._handle(event)
@@ -272,6 +274,9 @@ class Engine:
             return await self._on_checkpoint(event[1])
         if kind == "spawn":  # a delayed retry
             self._spawn(event[1])
+            return None
+        if kind == "hygiene":
+            self._on_hygiene(event[1], event[2])
             return None
         return None
 
@@ -794,7 +799,8 @@ class Engine:
         children = [{"role": c.record.role, "pid": c.pid, "started_at": c.record.started_at, "log": c.record.log}
                     for c in self.children.values()]
         deadline = self.state_data.get("deadline")
-        return {**self.snap, "shopsim": shop, "children": children, "deadline": deadline,
+        warnings = [*self.snap.get("warnings", []), *self.hygiene_warnings]
+        return {**self.snap, "warnings": warnings, "shopsim": shop, "children": children, "deadline": deadline,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -859,6 +865,33 @@ class Engine:
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
+        self._check_hygiene(f"after {ctx.round_id}")
+
+    # -- repo hygiene (issue 9): before the first stage and after each round; never deletes ----------
+    def _check_hygiene(self, when: str) -> None:
+        self.tg.start_soon(self._hygiene_task, when)
+
+    async def _hygiene_task(self, when: str) -> None:
+        import anyio.to_thread
+
+        from .hygiene import lines, scan_repo
+
+        roots = {self.layout.repo, self.layout.project_root}  # project_root: the tools' default output
+        limit = self.cfg.storage.repo_hygiene_max
+        # Abandoned on cancel: a scan in flight must not delay shutdown.
+        found = await anyio.to_thread.run_sync(
+            lambda: list(dict.fromkeys(w for r in sorted(roots) for w in lines(scan_repo(r, limit)))),
+            abandon_on_cancel=True)
+        await self.send.send(("hygiene", when, found))
+
+    def _on_hygiene(self, when: str, found: list[str]) -> None:
+        """Journal each new finding once; status shows the current ones."""
+        for w in found:
+            if w not in self.hygiene_warnings:
+                log.warning("repo.hygiene", when=when, warning=w)
+                self._journal("repo.hygiene", when=when, warning=w)
+        self.hygiene_warnings = found
+        self._write_status(force=True)
 
     def _deadline_says_stop(self) -> str | None:
         deadline = self.state_data.get("deadline")

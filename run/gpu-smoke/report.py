@@ -23,7 +23,7 @@ from typing import Any
 
 KEEP = re.compile(r"^(=== shoprld|rollout \d|saving checkpoint|saved checkpoint|loaded checkpoint|no tracker|"
                   r"ready in|done:|train_mcore|parameters:|optimizer:|accepted slime|\[rank\d+\].*(Error|error)|"
-                  r"Traceback|.*Error:|.*ERROR|.*Overwriting|.*FAILED|.*exitcode|.*Signal)")
+                  r"Traceback|.*Error:|.*ERROR|WARNING: TMPDIR|.*Overwriting|.*FAILED|.*exitcode|.*Signal)")
 
 
 def jl(path: Path) -> list[dict[str, Any]]:
