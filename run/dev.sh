@@ -8,7 +8,16 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
-py=${PYTHON:-$(command -v python3.11 || command -v python3)}
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    # The first interpreter that really runs and is >= 3.11 (a pyenv shim may exist and fail).
+    for cand in python3.11 python3.12 python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
+            py=$(command -v "$cand"); break
+        fi
+    done
+fi
+[ -n "$py" ] || { echo "run/dev.sh: no Python >= 3.11 found; set PYTHON=/path/to/python3.11" >&2; exit 2; }
 venv=${SHOPRLD_VENV:-$here/.venv}
 stamp="$venv/.shoprld-installed"
 if [ ! -x "$venv/bin/python" ]; then
