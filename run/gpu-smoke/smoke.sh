@@ -91,7 +91,7 @@ OPT=megatron
 if [ "${SMOKE_PREFLIGHT:-1}" = 1 ]; then
   PF=$W/preflight; mkdir -p "$PF"
   pf_run() {  # $1 optimizer, $2 num-rollout
-    timeout 240 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" "$HERE/train_mcore.py" \
+    timeout 100 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" "$HERE/train_mcore.py" \
       --load "$PF/save-$1" --save "$PF/save-$1" --save-interval 1 --num-rollout "$2" --hidden-size 256 \
       --num-layers 2 --num-attention-heads 4 --vocab-size 1024 --seq-length 128 --steps-per-rollout 2 \
       --optimizer "$1" --device "$DEVICE" >>"$PF/train-$1.log" 2>&1

@@ -176,8 +176,8 @@ def short_mp_tmpdir(mode: str) -> tuple[str, str] | None:
     """dist_checkpointing.save starts a multiprocessing Manager, whose AF_UNIX socket lives at
     ``<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX`` (32 more bytes). shoprld sets TMPDIR to the
     experiment's tmp dir on the volume, which can be too long for that ("OSError: AF_UNIX path too
-    long" in the save). With ``auto``, point Python's tempfile (and so multiprocessing) at a short
-    private dir instead. Returns (long, short) when it did."""
+    long" in the save). With ``auto``, point Python's tempfile and this process's TMPDIR (so
+    multiprocessing, in spawned children too) at a short private dir instead. Returns (long, short) when it did."""
     import tempfile
 
     base = tempfile.gettempdir()
@@ -186,6 +186,7 @@ def short_mp_tmpdir(mode: str) -> tuple[str, str] | None:
     short = f"/tmp/mp-{os.getuid()}"
     os.makedirs(short, mode=0o700, exist_ok=True)
     tempfile.tempdir = short
+    os.environ["TMPDIR"] = short  # spawned helpers (the Manager's server picks its own address)
     return base, short
 
 

@@ -179,7 +179,9 @@ def test_tmp_tree_gets_no_private_tmp(demo_tree: Path) -> None:
 
 def test_tree_outside_tmp_and_home_is_fully_sandboxed(shm_tree: Path, tmp_path: Path) -> None:
     """Outside /tmp and any home: PrivateTmp=yes and ProtectHome=read-only, and it verifies."""
-    text = service.render_unit(shm_tree, user=False)
+    # An executable outside /tmp, so the result does not depend on where this checkout's venv is
+    # (a venv under /tmp would rightly turn PrivateTmp off).
+    text = service.render(shm_tree, user=False, command=["/usr/bin/true"]).text
     u = parse_unit(text)
     assert one(u, "Service", "PrivateTmp") == "yes"
     assert one(u, "Service", "ProtectHome") == "read-only"
