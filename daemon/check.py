@@ -56,8 +56,10 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         out(f"  {k:<22} {v}\n")
     out("\nchild environment (every stage)\n")
     env = layout.child_env(cfg, base={})
+    links = {str(layout.child_tmp): layout.tmp, str(layout.child_ray_tmp): layout.ray_tmp}
     for k in sorted(env):
-        out(f"  {k}={secrets.redact(env[k])}\n")
+        via = f"  (-> {links[env[k]]})" if env[k] in links and Path(env[k]) != links[env[k]] else ""
+        out(f"  {k}={secrets.redact(env[k])}{via}\n")
     present = sorted(k for k, v in secrets.values.items() if v)
     out(f"\n.env keys present ({layout.env_file}): {', '.join(present) if present else 'none'}\n")
     need = cfg.required_secrets()

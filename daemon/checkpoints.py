@@ -7,7 +7,7 @@ slime saves through Megatron's ``torch_dist`` backend. One save of iteration N w
 
     <save>/iter_{N:07d}/__{rank}_{k}.distcp   torch DCP shards
     <save>/iter_{N:07d}/.metadata             torch DCP metadata (names every shard)
-    <save>/iter_{N:07d}/common.pt             the non-sharded state
+    <save>/iter_{N:07d}/common.pt             the non-sharded state (megatron-core < 0.19 only)
     <save>/iter_{N:07d}/metadata.json         Megatron's backend config, written last in the dir
     --- barrier ---
     <save>/latest_checkpointed_iteration.txt  rank 0, plain open('w'): "N" (or "release")
@@ -22,7 +22,10 @@ complete, and that a smaller tracker can only make things look older, never dele
 Classification of ``iter_N`` dirs (SPEC §3), relative to one tracker read:
 
 - **files complete** (:attr:`Checkpoint.complete`): ``metadata.json`` parses as a JSON object,
-  ``.metadata`` and ``common.pt`` exist and at least one ``*.distcp`` shard exists;
+  ``.metadata`` exists and at least one ``*.distcp`` shard exists. SPEC §3 also asks for
+  ``common.pt``, but megatron-core 0.19 no longer writes it (its common state moved into the
+  DCP files; seen on the GPU smoke run, run/gpu-smoke/README.md). ``metadata.json`` is still
+  written last, so a torn save is still caught;
 - **committed**: files complete and ``N <= tracker`` (the tracker holds an iteration);
   :attr:`Scan.latest_complete` is the newest committed one: the resume point;
 - **ahead**: files complete but ``N > tracker`` (or the tracker holds no iteration). This is what
@@ -309,7 +312,7 @@ def _inspect(path: str, iteration: int) -> Checkpoint | None:
         # Present but unreadable (EACCES, EIO): never complete, never a crash.
         return Checkpoint(iteration, Path(path), False, 0, None)
     committed_at: float | None = None
-    if has_shard and {"common.pt", ".metadata", "metadata.json"} <= names:
+    if has_shard and {".metadata", "metadata.json"} <= names:
         committed_at = _metadata_json_mtime(os.path.join(path, "metadata.json"))
     return Checkpoint(iteration, Path(path), committed_at is not None, total, committed_at)
 
@@ -506,7 +509,7 @@ def _file_level_problems(ckpt_dir: Path) -> list[str]:
         entries = {e.name: e for e in os.scandir(ckpt_dir)}
     except OSError as exc:
         return [f"{ckpt_dir}: {exc.strerror or exc}"]
-    for required in ("common.pt", ".metadata", "metadata.json"):
+    for required in (".metadata", "metadata.json"):
         if required not in entries:
             problems.append(f"{required} is missing")
     if not any(name.endswith(".distcp") for name in entries):

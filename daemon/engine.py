@@ -50,7 +50,7 @@ from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
 from .layout import Layout
 from .machine import ADVANCE, ROUND_STATES, Machine, State
 from .notify import Notifier, status_line
-from .processes import Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
 from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json
@@ -65,7 +65,6 @@ MODULES: dict[State, ModuleType] = {
     State.INJECT: inject,
     State.NEXT_ROUND: next_round,
 }
-CHILD_TAG = "SHOPRLD_CHILD"
 # Fault-injection seam for the crash tests (documented in tests/README.md): a list of
 # STATE:POINT:ROUND entries; at the first matching point not yet fired (a marker file in
 # SHOPRLD_TEST_KILL_DIR), the daemon SIGKILLs itself. POINT is `enter` (transition
@@ -114,8 +113,11 @@ class _TaggingLauncher:
         self._inner, self._tag = inner, tag
 
     async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any) -> Child:
-        env = {**env, CHILD_TAG: f"{self._tag}|{role}"}
-        return await self._inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv)
+        tag = f"{self._tag}|{role}"
+        child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,
+                                        redacted_argv=redacted_argv)
+        child.record.tag = tag
+        return child
 
     def adopt(self, record: ChildRecord) -> Child | None:
         return self._inner.adopt(record)
@@ -241,7 +243,8 @@ class Engine:
             for item in env.split(b"\0"):
                 if item.startswith(want):
                     role = item[len(want):].decode(errors="replace")
-                    found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [])
+                    found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],
+                                              tag=item[len(CHILD_TAG) + 1:].decode(errors="replace"))
         return found
 
     # -- the main loop -------------------------------------------------------------------
@@ -294,6 +297,7 @@ class Engine:
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
+            self.attempt = 1
             if state is State.NEXT_ROUND:
                 self._round_finished()
             if self.park_pending:
@@ -518,6 +522,7 @@ class Engine:
 
     async def _finish(self, code: int, reason: str) -> int:
         self.snap["stop_reason"] = reason
+        self.snap["last_error"] = None  # recovered from; the journal keeps the history
         await self._stop_children()
         self._persist()
         log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)

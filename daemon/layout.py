@@ -11,6 +11,7 @@ The repo checkout gets only the ledger and small records. The ShopSimRL tools ha
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,17 @@ from pathlib import Path
 from .config import Config
 from .errors import ConfigError
 from .paths import default_state_dir
+
+# Longest TMPDIR handed to children as is; longer ones go through a short /tmp link.
+SHORT_PATH_MAX = 48
+
+
+def _short(path: Path, kind: str) -> Path:
+    if len(str(path)) <= SHORT_PATH_MAX:
+        return path
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    return Path("/tmp") / f"shoprld-{kind}-{digest}"
+
 
 EXP_SUBDIRS = ("logs", "checkpoints", "artifacts", "ray", "tmp", "wandb", "runs")
 CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb")
@@ -86,6 +98,17 @@ class Layout:
         return self.exp_dir / "ray"
 
     @property
+    def child_tmp(self) -> Path:
+        """TMPDIR for children: the experiment's tmp, through a short /tmp link when its path is
+        long. Megatron's save and Ray create unix sockets under it, and an AF_UNIX path is at most
+        107 bytes (seen on the GPU smoke run). The data still lands on the volume."""
+        return _short(self.tmp, "tmp")
+
+    @property
+    def child_ray_tmp(self) -> Path:
+        return _short(self.ray_tmp, "ray")
+
+    @property
     def wandb_dir(self) -> Path:
         return self.exp_dir / "wandb"
 
@@ -140,8 +163,8 @@ class Layout:
         env = {k: v for k, v in base.items() if not k.startswith("NOTIFY_SOCKET") and k != "WATCHDOG_USEC"}
         env.update(self.cache_env())
         env.update({
-            "RAY_TMPDIR": str(self.ray_tmp),
-            "TMPDIR": str(self.tmp),
+            "RAY_TMPDIR": str(self.child_ray_tmp),
+            "TMPDIR": str(self.child_tmp),
             "WANDB_DIR": str(self.wandb_dir),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus.visible),
             "SHOPSIMRL_PROJECT_ROOT": str(self.project_root),
@@ -162,6 +185,10 @@ class Layout:
             (self.cache_root / sub).mkdir(parents=True, exist_ok=True)
         self.save_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        for link, target in ((self.child_tmp, self.tmp), (self.child_ray_tmp, self.ray_tmp)):
+            if link != target and not (link.is_symlink() and Path(os.readlink(link)) == target):
+                link.unlink(missing_ok=True)
+                link.symlink_to(target, target_is_directory=True)
         if cfg.storage.manage_runs_link:
             self.ensure_runs_link()
 

@@ -1130,7 +1130,7 @@ def _verify_checkpoint(save_dir: Path, want: Mapping[str, Any]) -> str | None:
         return f"{path}: missing"
     if not c.complete:
         have = sorted(os.listdir(path)) if path.is_dir() else []
-        return f"{path}: incomplete (has {', '.join(have) or 'nothing'}; needs common.pt, .metadata, metadata.json, *.distcp)"
+        return f"{path}: incomplete (has {', '.join(have) or 'nothing'}; needs .metadata, metadata.json, *.distcp)"
     if scan.tracker.iteration != n:
         return (f"{save_dir / ckpt.TRACKER_NAME}: tracker is {scan.tracker.kind} "
                 f"{scan.tracker.iteration if scan.tracker.iteration is not None else ''}, expected {n}".rstrip())

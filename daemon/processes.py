@@ -30,6 +30,25 @@ import anyio
 from anyio.abc import Process
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+CHILD_TAG = "SHOPRLD_CHILD"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries ``SHOPRLD_CHILD=<tag>`` (ours and their descendants)."""
+    if not tag:
+        return []
+    want = f"{CHILD_TAG}={tag}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:
+            continue
+        if want in env.split(b"\0") and proc_start_ticks(int(entry.name)) is not None:
+            found.append(int(entry.name))
+    return found
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -78,6 +97,9 @@ class ChildRecord:
     log: str
     argv: list[str] = field(default_factory=list)  # redacted
     job_id: str = ""  # a Ray job's submission id (Ray Jobs launcher); "" for a local process
+    # The SHOPRLD_CHILD value in its environment, inherited by every descendant: how a stop
+    # finds processes that left the group (torchrun's ranks run in their own sessions).
+    tag: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,10 +142,19 @@ class Child:
         return None
 
     def signal_group(self, sig: int) -> None:
+        """``sig`` to the child's process group, and to every process carrying its tag."""
         try:
             os.killpg(self.record.pgid, sig)
         except ProcessLookupError:
             pass
+        for pid in tagged_pids(self.record.tag):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _anything_left(self) -> bool:
+        return self.alive() or group_alive(self.record.pgid) or bool(tagged_pids(self.record.tag))
 
     async def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM to the group, ``grace`` seconds, then SIGKILL to the group; always reaped.
@@ -131,14 +162,14 @@ class Child:
         Runs shielded, so a cancelled caller still leaves no orphan behind.
         """
         with anyio.CancelScope(shield=True):
-            if self.alive() or group_alive(self.record.pgid):
+            if self._anything_left():
                 self.signal_group(signal.SIGTERM)
                 with anyio.move_on_after(grace):
                     await self.wait(poll=0.05)
-                    # The leader is gone; give the rest of its group the same grace.
-                    while group_alive(self.record.pgid):
+                    # The leader is gone; give the rest of its group (and its tag) the same grace.
+                    while group_alive(self.record.pgid) or tagged_pids(self.record.tag):
                         await anyio.sleep(0.05)
-                if self.alive() or group_alive(self.record.pgid):
+                if self._anything_left():
                     self.signal_group(signal.SIGKILL)
             return await self.wait(poll=0.05)
 

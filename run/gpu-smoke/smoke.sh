@@ -5,8 +5,8 @@
 #
 # 1. installs the carried wheels (.whl/: megatron-core, shoprld and its deps) into /tmp/site;
 # 2. records the machine (nvidia-smi, torch, megatron-core, disk);
-# 3. applies run/gpu-smoke/engine_patch.py to the INSTALLED shoprld (megatron-core 0.19 writes no
-#    common.pt; SMOKE_PATCH_ENGINE=0 runs the engine as committed);
+# 3. (formerly patched the installed engine for megatron-core 0.19's missing common.pt; the
+#    engine now handles it);
 # 4. preflight: a tiny model through train_mcore.py twice (fresh, then resume), the exporter and
 #    deep_verify; megatron-core's optimizer, else the torch fallback;
 # 5. lays out a demo-like tree in $SMOKE_DIR with run/gpu-smoke/campaign.toml (free ports, every
@@ -16,7 +16,7 @@
 # 6. writes smoke_report.json, status.json, journal.jsonl, train_logs.txt, smoke.log (tail) to $OUT.
 #
 # Knobs: OUT, SMOKE_DIR (/tmp/gsmoke), SMOKE_PY (python3), SMOKE_KILL_AT (5,7),
-# SMOKE_PATCH_ENGINE (1), SMOKE_DAEMON_TIMEOUT (seconds, 420), SMOKE_DEVICE (cuda | cpu-emulate:
+# SMOKE_DAEMON_TIMEOUT (seconds, 420), SMOKE_DEVICE (cuda | cpu-emulate:
 # tests only), SMOKE_NGPU (default: torch's device count), SMOKE_MODEL ("hidden layers heads vocab
 # seq", default "1024 8 16 32768 512"), SMOKE_PREFLIGHT (1), SMOKE_SKIP_INSTALL (0).
 set -u -o pipefail
@@ -28,7 +28,7 @@ W=${SMOKE_DIR:-/tmp/gsmoke}
 PY=${SMOKE_PY:-python3}
 DEVICE=${SMOKE_DEVICE:-cuda}
 KILL_AT=${SMOKE_KILL_AT:-5,7}
-PATCH=${SMOKE_PATCH_ENGINE:-1}
+PATCH=0  # the engine needs no patch any more (see step 3)
 DTIMEOUT=${SMOKE_DAEMON_TIMEOUT:-420}
 read -r HID LAYERS HEADS VOCAB SEQ <<<"${SMOKE_MODEL:-1024 8 16 32768 512}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -82,9 +82,9 @@ log "GPUs: $NGPU ([$GPUS]); device=$DEVICE; model: hidden=$HID layers=$LAYERS he
 
 # -- 3. the engine change megatron-core 0.19 needs ---------------------------------------------
 CKPY=$($PY -c 'import shoprld.daemon.checkpoints as c; print(c.__file__)')
-if [ "$PATCH" = 1 ]; then
-  $PY "$HERE/engine_patch.py" --apply "$CKPY" || { log "engine patch failed"; exit 1; }
-fi
+# (The device run of 2026-11-30 patched the installed copy here; the fix is now in
+# daemon/checkpoints.py itself, so nothing is patched any more.)
+: "$CKPY"
 
 # -- 4. preflight: tiny model, fresh + resume, exporter, deep_verify ---------------------------
 OPT=megatron

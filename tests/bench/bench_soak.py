@@ -13,7 +13,8 @@ retention) as often as possible: 1 slime step per round, DEMO_STEP_SECONDS 0, 1 
 
 Every ``--interval`` seconds it samples the daemon's VmRSS, open fds (/proc/<pid>/fd),
 threads and CPU (utime+stime), plus the rounds done (ledger rows) and the sizes of the
-journal, state.json and status.json. It reports least-squares slopes against the round
+journal, state.json and status.json (all samples go to ``samples.jsonl`` with ``--keep``). At
+the end it times ``Store.load()`` on the state dir: what a daemon restart would pay then. It reports least-squares slopes against the round
 count after a warm-up (the first 10 % of rounds): RSS KiB/round, fds/round, threads/round,
 and the round duration's own trend (s/round per round: a per-round cost that grows).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -54,11 +56,21 @@ from tests.demotree import SHOPRLD  # noqa: E402
 
 
 def ledger_rows(root: Path) -> int:
+    """Rounds recorded in the ledger. Past 1 MiB the ledger overflows (daemon/ledger.py): the
+    repo file keeps a pointer and the last 20 rows, the full TSV moves under the campaign root,
+    so the count is the last row's index + 1 there."""
+    full = next((root / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/*/ledger/*.tsv"), None)
     try:
+        if full is not None:
+            with open(full, "rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - 8192))
+                last = [ln for ln in fh.read().splitlines() if ln and not ln.startswith(b"#")][-1]
+            return int(last.split(b"\t", 1)[0]) + 1
         with open(root / "repo" / "reports" / "shoprld" / "demo.tsv", "rb") as fh:
             lines = [ln for ln in fh.read().splitlines() if ln and not ln.startswith(b"#")]
         return max(0, len(lines) - 1)  # minus the header
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return 0
 
 
@@ -89,7 +101,7 @@ def main() -> int:
         r"^tasks = 40$": "tasks = 1",
         r"^concurrency = 8$": "concurrency = 1",
     })
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("DEMO_", "BENCH_", "SHOPRLD_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEMO_", "BENCH_", "SHOPRLD_"))}
     env.update({"DEMO_VAL_LOAD_SECONDS": "0", "DEMO_ANALYST_POLL": "0.02", "DEMO_ANALYST_SECONDS": "0",
                 "DEMO_HF_BYTES": "4096"})
     state = work / "state"
@@ -131,6 +143,18 @@ def main() -> int:
         cleanup_tree(work)
     wall = time.monotonic() - t0
     done = ledger_rows(work)
+    # What a restart would pay now: Store.load() reads state.json, then scans the whole journal
+    # for a newer snapshot (daemon/store.py), and the journal grows with every round.
+    from shoprld.daemon.store import Store
+
+    t, c = time.perf_counter(), time.process_time()
+    Store(state).load()
+    report["restart_state_load"] = {"wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3),
+                                    "journal_bytes": size(state / "journal.jsonl")}
+    if a.keep:
+        with open(work / "samples.jsonl", "w") as fh:
+            for smp in samples:
+                fh.write(json.dumps(smp) + "\n")
     report.update({"exit": code, "rounds_done": done, "wall_s": round(wall, 1),
                    "rounds_per_min": round(done / wall * 60, 1) if wall else None, "samples": len(samples)})
     warm = [s for s in samples if s["rounds"] >= max(1, done // 10)]

@@ -1,7 +1,7 @@
 """The seed-timeline replay: the bash baseline and shoprld, side by side, on the real run's
 timeline scaled down 1000x, with the faults the real campaign suffered (issue 10, item 6).
 
-    .venv/bin/python tests/bench/bench_timeline.py [--quick] [--keep DIR] [--sequential]
+    .venv/bin/python tests/bench/bench_timeline.py [--quick] [--check-min 60] [--hang-min 60] [--keep DIR] [--sequential]
 
 A script, not a test (pytest collects test_*.py only). Prints ONE JSON object on stdout:
 ``{"bench": "seed_timeline", "scale": 1000, "bash": {...}, "shoprld": {...}, "faults": [...]}``;

@@ -118,9 +118,9 @@ def test_tracker_oddities_are_garbage_or_missing(tmp_path: Path) -> None:
 # -- completeness --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("missing", ALL_FILES[1:])
+@pytest.mark.parametrize("missing", [f for f in ALL_FILES[1:] if f != "common.pt"])
 def test_each_required_file_is_needed(tmp_path: Path, missing: str) -> None:
-    """An iter dir lacking .metadata, common.pt, metadata.json or every shard is partial."""
+    """An iter dir lacking .metadata, metadata.json or every shard is partial."""
     files = tuple(f for f in ALL_FILES if f != missing)
     if missing == "__1_0.distcp":
         files = tuple(f for f in files if not f.endswith(".distcp"))
@@ -257,7 +257,7 @@ class Oracle:
 
     def files_complete(self, n: int) -> bool:
         f = self.dirs[n]
-        return {".metadata", "common.pt", "metadata.json"} <= f and any(
+        return {".metadata", "metadata.json"} <= f and any(
             x.endswith(".distcp") for x in f
         ) and self.json_ok[n]
 
@@ -620,3 +620,11 @@ def test_scan_is_a_plain_value(tmp_path: Path) -> None:
     assert s.latest_complete is not None and s.consistent
     with pytest.raises(AttributeError):
         s.tracker = t  # type: ignore[misc]
+
+
+def test_megatron_core_0_19_layout_without_common_pt_is_complete(tmp_path: Path) -> None:
+    """megatron-core 0.19 writes no common.pt: shards + .metadata + metadata.json is complete."""
+    write_files(tmp_path, 20, ("__0_0.distcp", "__1_0.distcp", ".metadata", "metadata.json"))
+    write_tracker(tmp_path, "20")
+    assert is_complete(tmp_path, 20)
+    assert scan(tmp_path).latest_complete is not None

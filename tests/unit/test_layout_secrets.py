@@ -48,7 +48,7 @@ analyze_secrets = ["BAILIAN_API_KEY"]
 def test_layout_follows_the_etiquette(tmp_path: Path) -> None:
     """BREV_ROOT/CACHE_ROOT/CAMPAIGN_ROOT/EXP_DIR and every child env path are under the volume."""
     cfg = load_config(campaign(tmp_path))
-    lay = Layout.from_config(cfg, environ={"HOME": "/nonexistent-home"})
+    lay = Layout.from_config(cfg, environ={"HOME": "/nonexistent-home", "XDG_STATE_HOME": str(tmp_path / "st")})
     eph = tmp_path / "eph"
     assert lay.brev_root == eph / "nemo-rl" / "ubuntu"  # ${USER:-ubuntu}
     assert lay.cache_root == lay.brev_root / "cache"
@@ -58,10 +58,15 @@ def test_layout_follows_the_etiquette(tmp_path: Path) -> None:
     for key in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "TORCH_HOME",
                 "TRITON_CACHE_DIR", "UV_CACHE_DIR", "PIP_CACHE_DIR", "XDG_CACHE_HOME", "WANDB_CACHE_DIR"):
         assert Path(env[key]).is_relative_to(lay.cache_root), key
-    for key in ("RAY_TMPDIR", "TMPDIR", "WANDB_DIR"):
-        assert Path(env[key]).is_relative_to(lay.exp_dir), key
+    assert Path(env["WANDB_DIR"]).is_relative_to(lay.exp_dir)
+    # TMPDIR/RAY_TMPDIR: the exp dir, or (long paths: AF_UNIX sockets) a short link to it.
+    assert env["TMPDIR"] == str(lay.child_tmp) and env["RAY_TMPDIR"] == str(lay.child_ray_tmp)
+    lay.ensure(cfg)
+    assert Path(env["TMPDIR"]).resolve() == lay.tmp.resolve()
+    assert Path(env["RAY_TMPDIR"]).resolve() == lay.ray_tmp.resolve()
+    assert len(env["TMPDIR"]) <= 48
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-    assert lay.state_dir == Path("/nonexistent-home/.local/state/shoprld/etq")
+    assert lay.state_dir == tmp_path / "st" / "shoprld" / "etq"
 
 
 def test_user_and_state_directory_from_environment(tmp_path: Path) -> None:
@@ -153,7 +158,7 @@ def test_check_prints_layout_and_masks_canary_everywhere(tmp_path: Path) -> None
         if line.strip().startswith(("HF_", "TORCH_HOME", "TRITON", "UV_", "PIP_", "XDG_", "WANDB_CACHE")):
             assert f"{eph}/cache" in line, line
         if line.strip().startswith(("RAY_TMPDIR", "TMPDIR", "WANDB_DIR")):
-            assert f"{eph}/nemo-rl-auto-research/etq/exp1" in line, line
+            assert f"{eph}/nemo-rl-auto-research/etq/exp1" in line, line  # itself, or what its link is
     assert not (tmp_path / "eph").exists(), "check must have no side effects"
     for p in tmp_path.rglob("*"):
         if p.is_file() and p.name != ".env":
