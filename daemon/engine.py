@@ -53,7 +53,7 @@ from .notify import Notifier, status_line
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
-from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json
+from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json, replace_json
 
 MODULES: dict[State, ModuleType] = {
     State.PREFLIGHT_DISK: preflight_disk,
@@ -474,6 +474,7 @@ class Engine:
 
     async def _stop_children(self, *, force: bool = False) -> None:
         """Stop every child (trainer first: it holds the GPUs and writes the volume)."""
+        self.shopsim.closing = True
         order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
         for child in order:
             if child.record.role == "shopsim" and self.shopsim.external:
@@ -817,7 +818,7 @@ class Engine:
         self._last_status_write = now
         doc = self._status_doc()
         try:
-            atomic_write_json(self.layout.state_dir / STATUS_FILE, doc)
+            replace_json(self.layout.state_dir / STATUS_FILE, doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
 

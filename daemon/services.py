@@ -57,6 +57,7 @@ class ShopsimService:
         self.checked_at: float | None = None
         self.restarts = 0
         self.external = False  # healthy before we started anything: not ours to stop
+        self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
 
     async def health(self, ctx: RoundContext) -> dict[str, Any] | None:
         cfg = ctx.cfg.shopsim
@@ -132,11 +133,20 @@ class ShopsimService:
         while True:
             await anyio.sleep(interval)
             child = self.child
+            if self.closing:
+                return
             if child is not None and not child.alive():
                 ctx = ctx_factory()
                 ctx.emit("shopsim.died", pid=child.pid, returncode=child.returncode)
                 ctx.unregister_child(child)
                 self.child = None
+                # A trainer that lost ShopSim mid-rollout either aborts (8 unscored groups) or, if
+                # ShopSim is back in time, trains a step on a partial rollout: stop it now, so
+                # TRAIN relaunches it from its last checkpoint and the results stay reproducible.
+                trainer = ctx.find_child("trainer")
+                if trainer is not None:
+                    ctx.emit("shopsim.died_during_train", trainer_pid=trainer.pid)
+                    await trainer.stop(ctx.cfg.train.grace)
                 problem = await self.restart(ctx, "died")
                 if problem:
                     ctx.emit("shopsim.restart_failed", problem=problem)

@@ -62,6 +62,14 @@ def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644) -> None:
     atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode=mode)
 
 
+def replace_json(path: Path, obj: Any) -> None:
+    """Atomic (readers never see a torn file) but not durable: for display caches such as
+    status.json, which the next persist rewrites anyway. Saves two fsyncs per transition."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 @dataclass
 class Loaded:
     """What :meth:`Store.load` found, and how."""
@@ -180,6 +188,23 @@ class Store:
         return None
 
     def _last_snapshot(self) -> dict[str, Any] | None:
+        """The newest snapshot, read from the journal's tail (a restart must not pay for the
+        whole history); the full scan is the fallback when the tail holds none."""
+        path = self.dir / JOURNAL_FILE
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as fh:
+                fh.seek(max(0, size - 4 * 1024 * 1024))
+                tail = fh.read().decode("utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return None
+        for line in reversed(tail[1:] if size > 4 * 1024 * 1024 else tail):
+            try:
+                snap = json.loads(line).get("snapshot")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(snap, dict):
+                return snap
         last = None
         for rec in self.journal():
             snap = rec.get("snapshot")

@@ -56,13 +56,16 @@ async def run(ctx: RoundContext) -> Outcome:
         if not verdict or verdict.get("status") != "ready":
             return Outcome.fail(f"train.check_command did not report ready: {verdict or 'no JSON status line'}; "
                                 f"see {ctx.log_path(STATE)}")
-    sidecar = await _start_sidecar(ctx)
     trainer = ctx.find_child("trainer")
     if trainer is None:
         _repair_tracker(ctx)
+        # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
+        # look legitimate.
         problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
+    sidecar = await _start_sidecar(ctx)
+    if trainer is None:
         trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
