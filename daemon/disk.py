@@ -286,26 +286,26 @@ class Guard:
         if s.read_only:
             return Level.HARD, f"volume {s.path} is read-only"
         if free < lim.hard_bytes:
-            return Level.HARD, f"free {_iec(free)} < hard limit {_iec(lim.hard_bytes)}"
+            return Level.HARD, f"free {human_bytes(free)} < hard limit {human_bytes(lim.hard_bytes)}"
         if inodes < lim.hard_inodes:
             return Level.HARD, f"free inodes {inodes} < hard limit {lim.hard_inodes}"
         if self.level is Level.HARD:
             if free <= lim.hard_bytes + hb:
                 return Level.HARD, (
-                    f"free {_iec(free)} not yet above hard limit {_iec(lim.hard_bytes)} + {_iec(hb)} hysteresis"
+                    f"free {human_bytes(free)} not yet above hard limit {human_bytes(lim.hard_bytes)} + {human_bytes(hb)} hysteresis"
                 )
             if inodes <= lim.hard_inodes + hi:
                 return Level.HARD, (
                     f"free inodes {inodes} not yet above hard limit {lim.hard_inodes} + {hi} hysteresis"
                 )
         if free < lim.soft_bytes:
-            return Level.SOFT, f"free {_iec(free)} < soft limit {_iec(lim.soft_bytes)}"
+            return Level.SOFT, f"free {human_bytes(free)} < soft limit {human_bytes(lim.soft_bytes)}"
         if inodes < lim.soft_inodes:
             return Level.SOFT, f"free inodes {inodes} < soft limit {lim.soft_inodes}"
         if self.level is not Level.OK:
             if free <= lim.soft_bytes + hb:
                 return Level.SOFT, (
-                    f"free {_iec(free)} not yet above soft limit {_iec(lim.soft_bytes)} + {_iec(hb)} hysteresis"
+                    f"free {human_bytes(free)} not yet above soft limit {human_bytes(lim.soft_bytes)} + {human_bytes(hb)} hysteresis"
                 )
             if inodes <= lim.soft_inodes + hi:
                 return Level.SOFT, (
@@ -686,7 +686,7 @@ def preflight(
         problems.append(
             PreflightProblem(
                 "not enough free space on the volume",
-                f"{shown} has {_iec(s.free_bytes)} free, the next round needs {_iec(need_bytes)}",
+                f"{shown} has {human_bytes(s.free_bytes)} free, the next round needs {human_bytes(need_bytes)}",
                 "free space on the volume (old campaigns, caches) or lower the checkpoint estimate",
             )
         )
@@ -823,14 +823,14 @@ def _df_h(n: int) -> str:
     return f"{math.ceil(v * 10) / 10:.1f}{unit}" if v < 10 else f"{math.ceil(v):.0f}{unit}"
 
 
-def _iec(n: int) -> str:
+def human_bytes(n: float) -> str:
     """Bytes for messages: ``512 B``, ``20.0 MiB``, ``53.1 GiB``."""
     v, unit = float(n), "B"
     for u in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(v) < 1024:
             break
         v, unit = v / 1024, u
-    return f"{n} B" if unit == "B" else f"{v:.1f} {unit}"
+    return f"{int(n)} B" if unit == "B" else f"{v:.1f} {unit}"
 
 
 # --------------------------------------------------------------------------------------------

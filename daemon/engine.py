@@ -704,11 +704,11 @@ class Engine:
             if free > limits.hard_bytes + self.cfg.disk.hysteresis:
                 log.info("disk.recovered_by_reclaim", free_bytes=free)
                 return None
-            return await self._park(f"free {_gib(free)} < hard limit {_gib(limits.hard_bytes)} on "
+            return await self._park(f"free {diskmod.human_bytes(free)} < hard limit {diskmod.human_bytes(limits.hard_bytes)} on "
                                     f"{self.layout.ephemeral_root}")
         if free > limits.soft_bytes + self.cfg.disk.hysteresis:
             return None
-        reason = f"free {_gib(free)} < soft limit {_gib(limits.soft_bytes)} on {self.layout.ephemeral_root}"
+        reason = f"free {diskmod.human_bytes(free)} < soft limit {diskmod.human_bytes(limits.soft_bytes)} on {self.layout.ephemeral_root}"
         last = self.snap.get("last_checkpoint") or {}
         next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
         if self.machine.state is State.TRAIN and free - limits.hard_bytes < next_save:
@@ -910,10 +910,6 @@ class Engine:
             return (f"deadline: {base.round_id(self.round)} needs ~{need:.0f}s but only "
                     f"{max(0.0, deadline - now):.0f}s are left")
         return None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
 
 
 

@@ -75,6 +75,7 @@ from . import checkpoints as ckpt
 from .config import Config, load_config
 from .errors import EXIT_CONFIG, EXIT_OK, LockError, ShoprldError
 from .layout import Layout
+from .disk import human_bytes
 from .secrets import Secrets, load_secrets
 from .store import JOURNAL_FILE, LOCK_FILE, STATE_FILE, STATUS_FILE, Store, atomic_write
 
@@ -170,16 +171,6 @@ def tree_bytes(path: Path) -> int:
             except OSError:
                 continue
     return total
-
-
-def human(n: float) -> str:
-    """``512 B``, ``1.0 MiB``, ``53.1 GiB``."""
-    v, unit = float(n), "B"
-    for u in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(v) < 1024:
-            break
-        v, unit = v / 1024, u
-    return f"{int(n)} B" if unit == "B" else f"{v:.1f} {unit}"
 
 
 def _read_json(path: Path) -> Any:
@@ -414,7 +405,7 @@ def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *,
                       "refused": [str(p) for p, _ in plan.refused]})
     for e in errors:
         out.write(f"  could not delete: {e}\n")
-    out.write(f"freed {human(freed)} ({len(plan.items) - len(errors)} of {len(plan.items)} paths)\n")
+    out.write(f"freed {human_bytes(freed)} ({len(plan.items) - len(errors)} of {len(plan.items)} paths)\n")
     return EXIT_OK
 
 
@@ -430,9 +421,9 @@ def _print_plan(plan: CleanPlan, cfg: Config, layout: Layout, out: TextIO, *, dr
     out.write(("would delete:\n" if dry_run else "deleting:\n") if plan.items else "nothing to delete\n")
     width = max((len(i.what) for i in plan.items), default=0)
     for i in plan.items:
-        out.write(f"  {human(i.bytes):>10}  {i.what:<{width}}  {_short(i.path, layout.campaign_root)}\n")
+        out.write(f"  {human_bytes(i.bytes):>10}  {i.what:<{width}}  {_short(i.path, layout.campaign_root)}\n")
     if plan.items:
-        out.write(f"  {human(plan.total):>10}  total, {len(plan.items)} paths\n")
+        out.write(f"  {human_bytes(plan.total):>10}  total, {len(plan.items)} paths\n")
     for p, why in plan.refused:
         out.write(f"  refused     {p}: {why}\n")
     out.write("keeping:\n")
@@ -545,7 +536,7 @@ def _checkpoint_doc(camp: Campaign) -> dict[str, Any]:
         "save_dir": str(layout.save_dir),
         "tracker": {"kind": scan.tracker.kind, "iteration": scan.tracker.iteration},
         "final": None if final is None else {**final.as_dict(), "round": m.round_of(final.iteration),
-                                              "human": human(final.bytes)},
+                                              "human": human_bytes(final.bytes)},
         "present": [{"iteration": c.iteration, "complete": c.complete, "bytes": c.bytes} for c in scan.checkpoints],
         "mapping": {"steps_per_round": cfg.campaign.steps_per_round, "end_offset": cfg.train.end_offset,
                     "end_iterations": [m.end_iteration(r) for r in range(cfg.campaign.rounds)]},
@@ -991,10 +982,10 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
     size = out_tar.stat().st_size
     need = [i for i in items if i.required]
     out.write(f"exported {cfg.campaign.name} / {cfg.campaign.experiment} (state {state.get('state')}, "
-              f"round-{int(state.get('round') or 0):03d}) to {out_tar} ({human(size)}, {len(members)} files)\n")
-    out.write(f"copy separately ({len(need)} required, {human(sum(i.bytes for i in need))}): see {beside}\n")
+              f"round-{int(state.get('round') or 0):03d}) to {out_tar} ({human_bytes(size)}, {len(members)} files)\n")
+    out.write(f"copy separately ({len(need)} required, {human_bytes(sum(i.bytes for i in need))}): see {beside}\n")
     for i in need:
-        out.write(f"  {human(i.bytes):>10}  {i.what}: {i.src}\n")
+        out.write(f"  {human_bytes(i.bytes):>10}  {i.what}: {i.src}\n")
     out.write(f"then on the new machine: shoprld import-campaign {out_tar.name} --repo R --ephemeral-root E\n")
     return EXIT_OK
 
@@ -1023,7 +1014,7 @@ def move_checklist(manifest: Mapping[str, Any]) -> str:
         f"# Moving campaign {manifest['campaign']} / {manifest['experiment']}", "",
         f"Exported from {manifest['host']} at {when}, in state {st['state']} at round-{int(st['round'] or 0):03d} "
         f"({st['rounds']} rounds). Resume point: "
-        + (f"iter_{ck['iteration']:07d} ({human(ck['bytes'])})." if ck else "none (no checkpoint yet)."), "",
+        + (f"iter_{ck['iteration']:07d} ({human_bytes(ck['bytes'])})." if ck else "none (no checkpoint yet)."), "",
         "The bundle holds the small state (state dir, journal, ledger, config, decision records, SkillBanks,",
         "curricula, the small runs/ files). Everything below is NOT in it.", "",
         "## 1. On the new machine, before copying",
@@ -1039,10 +1030,10 @@ def move_checklist(manifest: Mapping[str, Any]) -> str:
     for item in manifest["copy"]:
         dst = f"<new {item['root']}>/{item['rel']}" if item["root"] else f"{item['rel']} (same path)"
         mark = "**required**" if item["required"] else "optional"
-        lines.append(f"| {mark} | {item['what']} | {human(item['bytes'])} | `{item['src']}` | `{dst}` | "
+        lines.append(f"| {mark} | {item['what']} | {human_bytes(item['bytes'])} | `{item['src']}` | `{dst}` | "
                      f"{item['why']} |")
     req = [i for i in manifest["copy"] if i["required"]]
-    lines += ["", f"Required in all: {human(sum(i['bytes'] for i in req))}. Copy directories whole "
+    lines += ["", f"Required in all: {human_bytes(sum(i['bytes'] for i in req))}. Copy directories whole "
               "(`rsync -a SRC/ DST/`) and the tracker last; the import checks that the checkpoint is complete,",
               "consistent with its tracker, and of the same size.", "",
               "The new experiment dir is `<new ephemeral_root>/" +
@@ -1215,7 +1206,7 @@ def import_campaign(bundle: Path, repo: Path, ephemeral_root: Path, state_dir: P
             out.write(f"  {k:<15} {v} -> {rp.path(v)}\n")
     if ck:
         out.write(f"  checkpoint      iter_{int(ck['iteration']):07d} complete in {layout.save_dir} "
-                  f"({human(int(ck['bytes']))})\n")
+                  f"({human_bytes(int(ck['bytes']))})\n")
     out.write(f"  restored        {sum(counts.values())} files ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
               f"{rp.count} paths re-pointed\n")
     for i in missing:
