@@ -73,9 +73,9 @@ from typing import Any, TextIO
 
 from . import checkpoints as ckpt
 from .config import Config, load_config
+from .disk import human_bytes
 from .errors import EXIT_CONFIG, EXIT_OK, LockError, ShoprldError
 from .layout import Layout
-from .disk import human_bytes
 from .secrets import Secrets, load_secrets
 from .store import JOURNAL_FILE, LOCK_FILE, STATE_FILE, STATUS_FILE, Store, atomic_write
 
