@@ -450,7 +450,7 @@ async def stop_session(sid: int, grace: float = 10.0) -> None:
     """SIGTERM every pid of session ``sid``, wait ``grace``, SIGKILL the rest; never by name.
 
     Ray's workers get process groups of their own but keep the head's session, so the
-    session is the one handle on all of them (``ray stop`` would kill EVERY Ray on the box).
+    session is the one handle on all of them (Ray's own stop command would kill EVERY Ray on the box).
     """
     if sid <= 1 or sid == os.getsid(0):
         raise ValueError(f"refusing to signal session {sid} (init's, or shoprld's own)")

@@ -5,7 +5,7 @@ process.
 What it keeps from Ray 2.x, because shoprld relies on it:
 - ``POST /api/jobs/`` {entrypoint, submission_id?, runtime_env: {env_vars}, metadata?} returns
   {job_id, submission_id}; a submission id Ray already holds is HTTP 400 "... already exists";
-- the entrypoint runs through a shell (``shell=True``) in a new session, stdout+stderr to the
+- the entrypoint runs through `/bin/sh -c` (as Ray runs it) in a new session, stdout+stderr to the
   job's log, which starts with "Running entrypoint for job <id>: <entrypoint>"; env_vars
   override the head's environment, and ``${VAR}`` in a value expands from it;
 - ``GET /api/jobs/{id}`` (404 when unknown), ``GET /api/jobs/`` (a list), ``GET
@@ -93,7 +93,7 @@ class Head:
             with open(job.log, "a") as out:
                 out.write(f"Running entrypoint for job {job.sid}: {job.entrypoint}\n")
                 out.flush()
-                job.proc = subprocess.Popen(job.entrypoint, shell=True, start_new_session=True, stdout=out,
+                job.proc = subprocess.Popen(["/bin/sh", "-c", job.entrypoint], start_new_session=True, stdout=out,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
             with open(self.logs_dir / "pids.txt", "a") as f:
                 f.write(f"{job.proc.pid}\n")
