@@ -14,6 +14,7 @@ and report back with an :class:`Outcome`; the engine decides what happens next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -260,7 +261,7 @@ class RoundContext:
         child = await self.start(role, template, spec, state=state, secrets=secrets)
         limit = timeout if timeout is not None else (spec.timeout or None)
         try:
-            with anyio.fail_after(limit) if limit else _null():
+            with anyio.fail_after(limit) if limit else contextlib.nullcontext():
                 rc = await child.wait()
         except TimeoutError:
             self.emit("stage.timeout", role=role, pid=child.pid, timeout_s=limit)
@@ -272,14 +273,6 @@ class RoundContext:
             self.unregister_child(child)
         self.emit("stage.exit", role=role, pid=child.pid, returncode=rc)
         return rc
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def round_id(index: int) -> str:
