@@ -54,7 +54,14 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.val_server.ensure_ready(ctx)
     if problem:
         return Outcome.retry(problem)
+    server, restarts = ctx.val_server.child, ctx.shopsim.restarts
     await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
+    if ctx.val_server.child is not server or server is None or not server.alive() \
+            or ctx.shopsim.restarts != restarts:
+        # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun it
+        # on a healthy stack (the served weights are unchanged, so the result is the same).
+        _archive(gate_dir)
+        return Outcome.retry("the val server or ShopSim died during the gate; rerunning it")
     manifest = read_json(gate_dir / "online_gate_manifest.json")
     if manifest is None or manifest.get("status") not in ("complete", "incomplete"):
         return Outcome.retry(f"{gate_dir / 'online_gate_manifest.json'}: missing or without a status")

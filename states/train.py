@@ -102,12 +102,20 @@ async def _start_sidecar(ctx: RoundContext) -> Child | None:
 
 
 async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
-    """The stop-file protocol: touch the file, wait for the drain, then the group stop."""
+    """The stop-file protocol: touch the file, wait for the drain, then the group stop.
+
+    A sidecar that died during training missed some triage files: a fresh one started with
+    the stop file already present analyses what is pending (it dedupes by group) and exits,
+    so the round's failure cards are complete whatever happened to the first one."""
     if child is None:
         return
     stop_file = Path(ctx.values()["stop_file"])
     stop_file.parent.mkdir(parents=True, exist_ok=True)
     stop_file.touch()
+    if not child.alive():
+        ctx.emit("sidecar.died", pid=child.pid, returncode=child.returncode)
+        ctx.unregister_child(child)
+        child = await ctx.start("sidecar", ctx.cfg.sidecar.command, ctx.cfg.sidecar, state=STATE)
     with anyio.move_on_after(ctx.cfg.sidecar.drain_timeout):
         await child.wait()
     if child.alive():
