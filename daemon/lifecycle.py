@@ -636,7 +636,7 @@ def write_record(camp: Campaign, *, plan: CleanPlan | None = None, dest: Path | 
 
 def _readme(camp: Campaign, git: Mapping[str, Any], rounds: list[dict[str, Any]], cdoc: Mapping[str, Any],
             results: list[str], plan: CleanPlan | None) -> str:
-    cfg, layout = camp.cfg, camp.layout
+    cfg = camp.cfg
     final = cdoc.get("final")
     lines = [
         f"# Reproducibility record: {cfg.campaign.name} / {cfg.campaign.experiment}", "",

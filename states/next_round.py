@@ -9,7 +9,6 @@ complete ones in this campaign's save dir are deleted, each logged with its size
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon.ledger import Ledger, git_info, make_row

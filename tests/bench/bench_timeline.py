@@ -405,7 +405,7 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
             interventions.append({
                 "t": round(time.monotonic() - t0, 2), "saw": why,
                 "action": ("step back: the seed cannot resume after an incomplete gate; " if step_back else "")
-                + (f"restart ShopSim; " if restart_shopsim else "") + f"RESUME_ROUND={resume}"})
+                + ("restart ShopSim; " if restart_shopsim else "") + f"RESUME_ROUND={resume}"})
             log(f"bash: human intervention {len(interventions)}: {interventions[-1]}")
     finally:
         if killer is not None:
