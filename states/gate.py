@@ -54,6 +54,7 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.val_server.ensure_ready(ctx)
     if problem:
         return Outcome.retry(problem)
+    _archive(gate_dir)  # a gate dir left by an interrupted attempt: start fresh (frozen weights)
     server, restarts = ctx.val_server.child, ctx.shopsim.restarts
     await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
     if ctx.val_server.child is not server or server is None or not server.alive() \
