@@ -91,9 +91,12 @@ def _crash_matrix(reference: Path, tmp_path: Path, points: list[str]) -> None:
     assert status(tmp_path)["state"] == "DONE"
     assert results(tmp_path) == results(reference)
     assert [int(row[0]) for row in ledger_rows(tmp_path)] == list(range(ROUNDS))
-    # No round was trained twice: each round's end checkpoint was committed exactly once.
-    commits = [r["iteration"] for r in journal(tmp_path) if r["event"] == "checkpoint.committed"]
-    assert sorted(set(commits)) == [20 * (i + 1) for i in range(ROUNDS)]
+    # No round was trained twice: each round's end checkpoint was saved exactly once (read from
+    # the trainers' logs: a save can land while no daemon runs, so the journal may miss it).
+    from tests.chaos.chaos import _end_saves
+
+    saves = _end_saves(tmp_path)
+    assert [saves.get(20 * (i + 1)) for i in range(ROUNDS)] == [1] * ROUNDS, saves
 
 
 def test_seed_resume_round_1_case_starts_after_train(reference: Path, tmp_path: Path) -> None:
