@@ -836,7 +836,8 @@ class Engine:
             self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self._journal("train.stall", **fields)
             self._write_status(force=True)
-        elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "val.archived", "child.adopted"):
+        elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
+                       "child.adopted"):
             self._journal(event, **fields)
         elif event == "stage.spawn":
             self._journal(event, role=fields.get("role"), pid=fields.get("pid"))

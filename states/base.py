@@ -146,6 +146,18 @@ class RoundContext:
     def read_record(self, kind: str, rid: str | None = None) -> dict[str, Any] | None:
         return read_json(self.record_path(kind, rid))
 
+    def archive(self, run_dir: Path, why: str) -> Path | None:
+        """Move a tool's run dir aside as ``<name>.archived-N`` (kept for the post-mortem, and
+        removed by ``shoprld clean``) so that the next attempt starts fresh."""
+        if not run_dir.exists():
+            return None
+        n = 1
+        while (dst := run_dir.with_name(f"{run_dir.name}.archived-{n}")).exists():
+            n += 1
+        run_dir.rename(dst)
+        self.emit("run.archived", path=str(dst), reason=why)
+        return dst
+
     def inputs(self) -> dict[str, str]:
         """This round's SkillBank, curriculum and history ledger (from the previous INJECT)."""
         if self.round == 0:

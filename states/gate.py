@@ -4,7 +4,9 @@ Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the comp
 overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts; a
 ``failed`` status means a fallback pool of the current skills. ``online-gate`` runs on
 the same frozen val server and writes ``online_gate_manifest.json`` (``complete`` or
-``incomplete``). The configured policy says what an incomplete gate means: ``continue``
+``incomplete``). A gate dir that a crashed daemon's gate finished (manifest ``complete``,
+written last, for this round's weights) is reused; any other leftover is archived and the
+gate reruns on a healthy stack. The configured policy says what an incomplete gate means: ``continue``
 without new skills (the seed's), ``retry`` the gate, or ``stop`` the campaign (exit 5).
 Then the val server's whole process group is stopped, because training needs its GPUs
 (or parked, with ``val.reuse_server``). The decision is recorded in
@@ -14,6 +16,7 @@ Then the val server's whole process group is stopped, because training needs its
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import anyio
 
@@ -51,18 +54,26 @@ async def run(ctx: RoundContext) -> Outcome:
     if analysis.get("status") == "failed":
         ctx.emit("analysis.failed", detail=analysis.get("error") or analysis.get("reason"),
                  note="fallback pool: current skills only")
-    problem = await ctx.val_server.ensure_ready(ctx)
-    if problem:
-        return Outcome.retry(problem)
-    _archive(gate_dir)  # a gate dir left by an interrupted attempt: start fresh (frozen weights)
-    server, restarts = ctx.val_server.child, ctx.shopsim.restarts
-    await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
-    if ctx.val_server.child is not server or server is None or not server.alive() \
-            or ctx.shopsim.restarts != restarts:
-        # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun it
-        # on a healthy stack (the served weights are unchanged, so the result is the same).
-        _archive(gate_dir)
-        return Outcome.retry("the val server or ShopSim died during the gate; rerunning it")
+    leftover = ctx.find_child("gate")
+    if leftover is not None:  # a crashed daemon's gate, still running: let it finish
+        with anyio.fail_after(cfg.timeout or None):
+            await leftover.wait()
+        ctx.unregister_child(leftover)
+    if _finished(ctx, gate_dir):
+        ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
+    else:
+        problem = await ctx.val_server.ensure_ready(ctx)
+        if problem:
+            return Outcome.retry(problem)
+        ctx.archive(gate_dir, "left by an interrupted attempt")  # start fresh (frozen weights)
+        server, restarts = ctx.val_server.child, ctx.shopsim.restarts
+        await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
+        if ctx.val_server.child is not server or server is None or not server.alive() \
+                or ctx.shopsim.restarts != restarts:
+            # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun
+            # it on a healthy stack (the served weights are unchanged, so the result is the same).
+            ctx.archive(gate_dir, "the val server or ShopSim died during the gate")
+            return Outcome.retry("the val server or ShopSim died during the gate; rerunning it")
     manifest = read_json(gate_dir / "online_gate_manifest.json")
     if manifest is None or manifest.get("status") not in ("complete", "incomplete"):
         return Outcome.retry(f"{gate_dir / 'online_gate_manifest.json'}: missing or without a status")
@@ -71,7 +82,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if decision == "complete" and not selected.is_file():
         return Outcome.retry(f"gate complete but {selected} is missing")
     if decision == "incomplete" and cfg.policy == "retry" and ctx.attempt <= cfg.retries:
-        _archive(gate_dir)
+        ctx.archive(gate_dir, "gate incomplete; policy retry")
         return Outcome.retry("gate incomplete; policy retry")
     rec = {
         "round": ctx.round, "round_id": ctx.round_id, "decision": decision, "policy": cfg.policy,
@@ -89,18 +100,26 @@ async def run(ctx: RoundContext) -> Outcome:
     return Outcome.done(f"gate {decision}")
 
 
+def _finished(ctx: RoundContext, gate_dir: Path) -> bool:
+    """A gate dir that an earlier attempt finished for this round's weights: the manifest
+    (written last) says ``complete`` and the SkillBank is there. Only ``complete`` is reused:
+    an ``incomplete`` one may be the work of a val server that died with the old daemon."""
+    manifest = read_json(gate_dir / "online_gate_manifest.json")
+    if manifest is None or manifest.get("status") != "complete" \
+            or not (gate_dir / "selected_skillbank.json").is_file():
+        return False
+    served = (manifest.get("input") or {}).get("weight_version")
+    if served is not None:
+        return bool(served == ctx.weight_version)
+    try:  # a manifest without the served weights must be newer than this round's export
+        return (gate_dir / "online_gate_manifest.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
+    except FileNotFoundError:
+        return False
+
+
 def _first_existing(*paths: os.PathLike[str]) -> str | None:
     for p in paths:
         if os.path.exists(p):
             return os.fspath(p)
     return None
 
-
-def _archive(gate_dir: os.PathLike[str]) -> None:
-    src = os.fspath(gate_dir)
-    if not os.path.exists(src):
-        return
-    n = 1
-    while os.path.exists(f"{src}.archived-{n}"):
-        n += 1
-    os.rename(src, f"{src}.archived-{n}")

@@ -14,7 +14,6 @@ interrupted or incomplete attempt is archived and the next attempt starts fresh 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from shoprld.daemon.machine import State
@@ -63,7 +62,7 @@ async def run(ctx: RoundContext) -> Outcome:
     # A run dir left by an interrupted attempt is archived, not resumed: the summary then
     # equals an uninterrupted run's (its attempt counts would differ), and the weights are
     # the same, so only the time of the partial run is lost.
-    _archive(ctx, "left by an interrupted attempt")
+    ctx.archive(_run_dir(ctx), "left by an interrupted attempt")
     problem = await ctx.shopsim.recover_leaks(ctx, reason="before the bare val")
     if problem:
         return Outcome.retry(problem)
@@ -87,13 +86,3 @@ async def run(ctx: RoundContext) -> Outcome:
 def _analysis_done(ctx: RoundContext) -> bool:
     return (ctx.runs / f"{ctx.round_id}-online-analysis" / "analysis_summary.json").is_file()
 
-
-def _archive(ctx: RoundContext, why: str) -> None:
-    src = _run_dir(ctx)
-    if not src.exists():
-        return
-    n = 1
-    while (dst := src.with_name(f"{src.name}.archived-{n}")).exists():
-        n += 1
-    os.rename(src, dst)
-    ctx.emit("val.archived", path=str(dst), reason=why)

@@ -17,9 +17,11 @@ from typing import Any
 from shoprld.daemon.demo import create_tree
 
 SHOPRLD = [sys.executable, "-m", "shoprld.daemon.cli"]
-RESULT_GLOBS = ("runs/round-*-bare-val/summary.json", "runs/round-*-online-gate/online_gate_manifest.json",
-                "runs/round-*-online-gate/selected_skillbank.json", "runs/round-*/curriculum.json",
-                "runs/round-*/selected_skillbank.json")
+# Exact run-dir names: archived attempts (``<dir>.archived-N``) are not results.
+_R = "runs/round-[0-9][0-9][0-9]"
+RESULT_GLOBS = (f"{_R}-bare-val/summary.json", f"{_R}-online-gate/online_gate_manifest.json",
+                f"{_R}-online-gate/selected_skillbank.json", f"{_R}/curriculum.json",
+                f"{_R}/selected_skillbank.json")
 
 
 def make_tree(root: Path, *, rounds: int = 5, edits: dict[str, str] | None = None) -> Path:
