@@ -281,36 +281,24 @@ class Guard:
         return Level.HARD
 
     def _classify(self, s: DiskSample) -> tuple[Level, str]:
-        lim, hb, hi = self.limits, self.hysteresis_bytes, self.hysteresis_inodes
-        free, inodes = s.free_bytes, s.inodes_free
         if s.read_only:
             return Level.HARD, f"volume {s.path} is read-only"
-        if free < lim.hard_bytes:
-            return Level.HARD, f"free {human_bytes(free)} < hard limit {human_bytes(lim.hard_bytes)}"
-        if inodes < lim.hard_inodes:
-            return Level.HARD, f"free inodes {inodes} < hard limit {lim.hard_inodes}"
-        if self.level is Level.HARD:
-            if free <= lim.hard_bytes + hb:
-                return Level.HARD, (
-                    f"free {human_bytes(free)} not yet above hard limit {human_bytes(lim.hard_bytes)} + {human_bytes(hb)} hysteresis"
-                )
-            if inodes <= lim.hard_inodes + hi:
-                return Level.HARD, (
-                    f"free inodes {inodes} not yet above hard limit {lim.hard_inodes} + {hi} hysteresis"
-                )
-        if free < lim.soft_bytes:
-            return Level.SOFT, f"free {human_bytes(free)} < soft limit {human_bytes(lim.soft_bytes)}"
-        if inodes < lim.soft_inodes:
-            return Level.SOFT, f"free inodes {inodes} < soft limit {lim.soft_inodes}"
-        if self.level is not Level.OK:
-            if free <= lim.soft_bytes + hb:
-                return Level.SOFT, (
-                    f"free {human_bytes(free)} not yet above soft limit {human_bytes(lim.soft_bytes)} + {human_bytes(hb)} hysteresis"
-                )
-            if inodes <= lim.soft_inodes + hi:
-                return Level.SOFT, (
-                    f"free inodes {inodes} not yet above soft limit {lim.soft_inodes} + {hi} hysteresis"
-                )
+        lim, hb, hi = self.limits, self.hysteresis_bytes, self.hysteresis_inodes
+        free, inodes = s.free_bytes, s.inodes_free
+        for level, limit_bytes, limit_inodes, holding in (
+                (Level.HARD, lim.hard_bytes, lim.hard_inodes, self.level is Level.HARD),
+                (Level.SOFT, lim.soft_bytes, lim.soft_inodes, self.level is not Level.OK)):
+            name = level.value
+            if free < limit_bytes:
+                return level, f"free {human_bytes(free)} < {name} limit {human_bytes(limit_bytes)}"
+            if inodes < limit_inodes:
+                return level, f"free inodes {inodes} < {name} limit {limit_inodes}"
+            # Coming back up, a level is left only once free is above it by the hysteresis.
+            if holding and free <= limit_bytes + hb:
+                return level, (f"free {human_bytes(free)} not yet above {name} limit "
+                               f"{human_bytes(limit_bytes)} + {human_bytes(hb)} hysteresis")
+            if holding and inodes <= limit_inodes + hi:
+                return level, f"free inodes {inodes} not yet above {name} limit {limit_inodes} + {hi} hysteresis"
         return Level.OK, ""
 
 

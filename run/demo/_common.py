@@ -389,7 +389,26 @@ def validate_hf_dir(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-# ---------------------------------------------------------------- HTTP client
+# ---------------------------------------------------------------- HTTP
+
+def send_reply(handler: Any, status: int, body: Any) -> None:
+    """One reply from a stdlib ``BaseHTTPRequestHandler``: JSON, or text/plain for a str.
+
+    A client that went away (a caller that gave up waiting) is not an error of the server.
+    """
+    if isinstance(body, str):
+        data, ctype = body.encode("utf-8"), "text/plain"
+    else:
+        data, ctype = json.dumps(body).encode("utf-8"), "application/json"
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", ctype)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    except OSError:
+        pass
+
 
 def http_json(method: str, url: str, payload: Any = None, timeout: float = 30.0,
               headers: dict[str, str] | None = None) -> tuple[int, Any]:

@@ -34,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import _common as c
+
 STOP_WAIT_S = 3.0  # RAY_JOB_STOP_WAIT_TIME_S
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -157,15 +159,7 @@ def make_handler(head: Head) -> type[BaseHTTPRequestHandler]:
             return
 
         def _send(self, status: int, payload: Any) -> None:
-            if isinstance(payload, str):
-                data, ctype = payload.encode(), "text/plain"
-            else:
-                data, ctype = json.dumps(payload).encode(), "application/json"
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            c.send_reply(self, status, payload)
 
         def _job(self, sid: str) -> Job | None:
             job = head.jobs.get(sid)

@@ -217,15 +217,7 @@ class Handler(BaseHTTPRequestHandler):
         pass  # request lines are noise; lease events are logged by the Shop
 
     def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:
-            pass  # the client went away (e.g. a ghost waiter's caller gave up)
+        c.send_reply(self, status, body)
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] != "/healthz":

@@ -162,15 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:
-            pass
+        c.send_reply(self, status, body)
 
     def _authorized(self, path: str) -> bool:
         key = self.server.front.args.api_key
