@@ -18,21 +18,27 @@ Two layers, so that scripts (``tests/bench/``) and tests share one implementatio
           root = tmpfs("20m", nr_inodes=100)
 
 Mounts use the source name ``shoprld-test`` so that a leak is easy to spot in ``/proc/mounts``.
+
+:class:`DiskEvents` collects what a ``disk.monitor`` under test emits, on a fake volume or a real one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 __all__ = [
+    "DiskEvents",
     "FsUnavailable",
     "MOUNT_SOURCE",
     "Mounts",
@@ -175,6 +181,35 @@ def _skipping(make: Callable[..., Path]) -> Callable[..., Path]:
             pytest.skip(str(exc))
 
     return call
+
+
+class DiskEvents:
+    """The ``emit`` of a ``disk.monitor`` under test: collects its events and lets a test wait
+    for one by name."""
+
+    def __init__(self) -> None:
+        self.all: list[dict[str, Any]] = []
+        self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
+
+    async def emit(self, ev: dict[str, Any]) -> None:
+        self.all.append(ev)
+        await self._send.send(ev)
+
+    async def wait_for(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The next event called ``name`` (earlier ones not awaited are passed over)."""
+        with anyio.fail_after(timeout):
+            async for ev in self._recv:
+                if ev["event"] == name:
+                    return ev
+        raise AssertionError("stream closed")
+
+    def names(self) -> list[str]:
+        """Every event so far, by name."""
+        return [e["event"] for e in self.all]
+
+    def levels(self) -> list[str]:
+        """The level changes so far (every event but the periodic disk.sample), by name."""
+        return [e["event"] for e in self.all if e["event"] != "disk.sample"]
 
 
 @pytest.fixture(name="tmpfs")

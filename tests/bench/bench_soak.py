@@ -165,18 +165,20 @@ def main() -> int:
             b, _, r2 = linreg(xs, [float(s[key]) for s in warm])
             return {"per_round": round(b, 4), "r2": round(r2, 3)}
 
-        per_round_cpu = []
-        for p, q in zip(warm, warm[1:]):
-            if q["rounds"] > p["rounds"]:
-                per_round_cpu.append(((q["cpu_s"] - p["cpu_s"]) / (q["rounds"] - p["rounds"]), p["rounds"]))
-        cpu_b, _, cpu_r2 = linreg([r for _, r in per_round_cpu], [c for c, _ in per_round_cpu]) \
-            if len(per_round_cpu) >= 2 else (0.0, 0.0, 0.0)
-        durations = []
-        for p, q in zip(warm, warm[1:]):
-            if q["rounds"] > p["rounds"]:
-                durations.append(((q["t"] - p["t"]) / (q["rounds"] - p["rounds"]), p["rounds"]))
-        dur_b, _, dur_r2 = linreg([r for _, r in durations], [d for d, _ in durations]) \
-            if len(durations) >= 2 else (0.0, 0.0, 0.0)
+        def per_round(key: str) -> list[tuple[float, Any]]:
+            """(``key``'s increase per round, the round it starts at) between successive warm samples."""
+            return [((q[key] - p[key]) / (q["rounds"] - p["rounds"]), p["rounds"])
+                    for p, q in zip(warm, warm[1:]) if q["rounds"] > p["rounds"]]
+
+        def trend(rates: list[tuple[float, Any]]) -> tuple[float, float]:
+            """Slope and r^2 of per-round rates against the round (zeros for fewer than two)."""
+            b, _, r2 = linreg([r for _, r in rates], [v for v, _ in rates]) if len(rates) >= 2 else (0.0, 0.0, 0.0)
+            return b, r2
+
+        per_round_cpu = per_round("cpu_s")
+        cpu_b, cpu_r2 = trend(per_round_cpu)
+        durations = per_round("t")
+        dur_b, dur_r2 = trend(durations)
         rss = [s["rss_kib"] for s in warm]
         report.update({
             "warmup_rounds": done // 10,

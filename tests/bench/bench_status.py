@@ -34,44 +34,25 @@ VENV_BIN = Path(sys.executable).parent
 SHOPRLD = VENV_BIN / "shoprld" if (VENV_BIN / "shoprld").exists() else ROOT / ".venv" / "bin" / "shoprld"
 PYTHON = VENV_BIN / "python"
 
-HOLDER = """
-import sys
-from pathlib import Path
-from shoprld.daemon.store import Store
-Store(Path(sys.argv[1])).acquire_lock()
-print("ready", flush=True)
-sys.stdin.read()
-"""
+if str(ROOT) not in sys.path:  # run as a script: make `tests` importable
+    sys.path.insert(0, str(ROOT))
+
+from tests.demotree import LOCK_HOLDER, ready_child, status_snapshot  # noqa: E402
 
 
 def snapshot(now: float, pid: int) -> dict[str, object]:
-    return {
-        "campaign": "bench", "experiment": "qwen35-4b", "state": "TRAIN", "round": 2, "rounds": 5,
-        "step": 12, "steps_per_round": 20, "step_seconds": 41.2, "eta_seconds": 329.6,
-        "daemon": {"pid": pid, "started_at": now - 7380},
-        "last_checkpoint": {"iteration": 59, "path": "/ephemeral/nemo-rl/ubuntu/nemo-rl-auto-research/bench/"
-                            "qwen35-4b/checkpoints/megatron/iter_0000059", "complete": True,
-                            "bytes": 56_800_000_000, "committed_at": now - 125},
-        "disk": {"path": "/ephemeral", "total_bytes": 2 * 1024**4, "free_bytes": 612 * 1024**3,
-                 "soft_limit_bytes": 64 * 1024**3, "hard_limit_bytes": 10 * 1024**3, "inodes_free": 12_300_000,
-                 "level": "ok", "sampled_at": now - 3},
-        "shopsim": {"url": "http://127.0.0.1:5700", "healthy": True, "free_slots": 16, "slots": 48,
-                    "checked_at": now - 4},
-        "children": [
+    """The tests' mid-campaign snapshot for campaign bench and daemon ``pid``, with real-length
+    paths and a sidecar child."""
+    return status_snapshot(
+        now, campaign="bench", daemon={"pid": pid, "started_at": now - 7380},
+        last_checkpoint={"iteration": 59, "path": "/ephemeral/nemo-rl/ubuntu/nemo-rl-auto-research/bench/"
+                         "qwen35-4b/checkpoints/megatron/iter_0000059", "complete": True,
+                         "bytes": 56_800_000_000, "committed_at": now - 125},
+        children=[
             {"role": "shopsim", "pid": 4300, "started_at": now - 7300, "log": "/ephemeral/.../logs/shopsim.log"},
             {"role": "sidecar", "pid": 5002, "started_at": now - 4300, "log": "/ephemeral/.../logs/r002-sidecar.log"},
             {"role": "trainer", "pid": 5001, "started_at": now - 4320, "log": "/ephemeral/.../logs/r002-train.log"},
-        ],
-        "rounds_done": [
-            {"round": 0, "val": 0.412, "metric_name": "success_rate", "gate": "complete", "branch": "selected",
-             "duration_seconds": 7080.0},
-            {"round": 1, "val": 0.4375, "metric_name": "success_rate", "gate": "incomplete", "branch": "kept",
-             "duration_seconds": 6950.0},
-        ],
-        "last_error": None, "stop_reason": None, "deadline": now + 22_320,
-        "stop_conditions": {"rounds_done": 2, "rounds": 5, "deadline": now + 22_320},
-        "warnings": [], "updated_at": now - 1,
-    }
+        ])
 
 
 def run_pipe(argv: list[str]) -> float:
@@ -124,10 +105,7 @@ def main() -> int:
         cfg = Path(tmp) / "bench.toml"
         cfg.write_text('[campaign]\nname = "bench"\nexperiment = "qwen35-4b"\nrounds = 5\nsteps_per_round = 20\n'
                        f'[storage]\nstate_dir = "{state}"\n[train]\ncommand = ["python", "train.py"]\n')
-        holder = subprocess.Popen([str(PYTHON), "-c", HOLDER, str(state)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        try:
-            assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        with ready_child(LOCK_HOLDER, str(state), stdin=subprocess.PIPE, python=str(PYTHON)) as holder:
             (state / "status.json").write_text(json.dumps(snapshot(time.time(), holder.pid), indent=2))
             env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
             env.pop("NO_COLOR", None)
@@ -147,9 +125,6 @@ def main() -> int:
             for _ in range(args.runs):  # interleaved, so drift hits every case alike
                 for name, fn in cases.items():
                     samples[name].append(fn())
-        finally:
-            holder.kill()
-            holder.wait()
     out = {"bench": "status_latency", "budget_ms": {"json": 100, "human": 200}, "cpus": os.cpu_count(),
            "loadavg_1m": round(os.getloadavg()[0], 2),
            **{k: summarize(v) for k, v in samples.items()}}

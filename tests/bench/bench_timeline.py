@@ -94,7 +94,7 @@ from common import (  # noqa: E402
     work_lost,
 )
 
-from tests.demotree import SHOPRLD, results  # noqa: E402
+from tests.demotree import SHOPRLD, proc_pids, proc_stat, results  # noqa: E402
 
 SCALE = 1000
 DEMO_DIR = ROOT / "run" / "demo"
@@ -207,16 +207,12 @@ def campaign_env(root: Path, plan: Plan | None) -> dict[str, str]:
 
 # -- process helpers ---------------------------------------------------------------------------------
 def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2:].split()[2]) == pgid:
-            out.append(int(entry))
+    for pid in proc_pids():
+        fields = proc_stat(pid)
+        if fields is not None and int(fields[2]) == pgid:
+            out.append(pid)
     return out
 
 
@@ -228,13 +224,11 @@ def read_pid(path: Path) -> int | None:
 
 
 def alive(pid: int | None) -> bool:
+    """Whether ``pid`` is set and names a live process (not a zombie)."""
     if not pid:
         return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] != "Z"
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 class ShopsimKiller(threading.Thread):

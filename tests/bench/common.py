@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `tests` importable
     sys.path.insert(0, str(ROOT))
 
-from tests.demotree import journal, kill_tree_leftovers, make_tree  # noqa: E402
+from tests.demotree import journal, kill_tree_leftovers, make_tree, proc_environ, proc_pids, proc_stat  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 SHIM = BENCH_DIR / "shim.py"
@@ -143,15 +143,10 @@ class Sampler:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (from /proc/*/stat's ppid)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+    for entry in proc_pids():
+        fields = proc_stat(entry)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(entry)
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -164,15 +159,10 @@ def tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries ``tag`` (a KEY=VALUE prefix)."""
     want = tag.encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if any(item.startswith(want) for item in env.split(b"\0")):
-            found.append(int(entry))
+    for entry in proc_pids():
+        env = proc_environ(entry)
+        if env is not None and any(item.startswith(want) for item in env.split(b"\0")):
+            found.append(entry)
     return found
 
 

@@ -28,6 +28,7 @@ from tests.demotree import (
     leak_hits,
     ledger_rows,
     make_tree,
+    reference_run,
     results,
     run_daemon,
     start_daemon,
@@ -171,14 +172,7 @@ def chaos_campaign(root: Path, rng: random.Random, report: Report, *, kills: int
 
 
 def reference_results(root: Path) -> dict[str, bytes]:
-    campaign = make_tree(root, rounds=ROUNDS)
-    try:
-        proc = run_daemon(campaign, timeout=600)
-    finally:
-        kill_tree_leftovers(root)
-    if proc.returncode != 0:
-        raise RuntimeError(f"reference run failed: {proc.stderr[-1000:]}")
-    return results(root)
+    return results(reference_run(root, ROUNDS, timeout=600))
 
 
 def run(base: Path, *, seed: int, kills: int, child_kills: int, per_campaign: int = 40,

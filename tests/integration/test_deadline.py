@@ -18,7 +18,7 @@ import pytest
 
 from shoprld.daemon.config import deadline_seconds_or_time, load_config, resolve_deadline
 from shoprld.daemon.errors import ConfigError
-from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, ledger_rows, make_tree, run_daemon, status
+from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, run_daemon, status
 
 # Paced steps: a round is mostly the trainer's sleeps, so its duration is steady under load.
 PACED = {r'^step_seconds = ".*"$': 'step_seconds = "0.25"'}
@@ -76,12 +76,7 @@ def test_absolute_iso_deadline_already_passed_ends_before_round_zero(tmp_path: P
     """An ISO deadline in the past stops the campaign before any round: exit 0, DONE by the deadline,
     no ledger row, and the persisted deadline is that absolute time."""
     when = "2020-01-02T03:04:05Z"
-    campaign = make_tree(tmp_path, rounds=2, edits={r"^seed = 1234$": f'seed = 1234\ndeadline = "{when}"'})
-    try:
-        proc = run_daemon(campaign)
-    finally:
-        kill_tree_leftovers(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    reference_run(tmp_path, 2, edits={r"^seed = 1234$": f'seed = 1234\ndeadline = "{when}"'})
     st = status(tmp_path)
     assert (st["state"], st["stop_reason"], st["rounds_done"]) == ("DONE", "deadline", [])
     assert not (tmp_path / "repo" / "reports" / "shoprld" / "demo.tsv").exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.demotree import journal, kill_tree_leftovers, make_tree, results, run_daemon, start_daemon, status
+from tests.demotree import journal, kill_tree_leftovers, make_tree, reference_run, results, run_daemon, start_daemon, status
 from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (fixture)
 
 MiB = 1024 * 1024
@@ -32,13 +32,8 @@ def _tree(root: Path, volume: Path, rounds: int, *, hard: str = "6MiB", soft: st
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("disk-ref")
-    campaign = make_tree(root, rounds=4, edits={r'DEMO_CKPT_BYTES = "1048576"': f'DEMO_CKPT_BYTES = "{CKPT}"'})
-    try:
-        assert run_daemon(campaign).returncode == 0
-    finally:
-        kill_tree_leftovers(root)
-    return root
+    return reference_run(tmp_path_factory.mktemp("disk-ref"), 4,
+                         edits={r'DEMO_CKPT_BYTES = "1048576"': f'DEMO_CKPT_BYTES = "{CKPT}"'})
 
 
 def _parks(root: Path) -> list[dict[str, object]]:

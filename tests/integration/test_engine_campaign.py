@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shoprld.daemon.machine import ROUND_STATES
-from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, results, run_daemon, status
+from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, results, run_daemon, status
 
 ROUNDS = 5
 
@@ -16,14 +16,7 @@ ROUNDS = 5
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One uninterrupted demo campaign: the golden path and the reference results."""
-    root = tmp_path_factory.mktemp("reference")
-    campaign = make_tree(root, rounds=ROUNDS)
-    try:
-        proc = run_daemon(campaign)
-    finally:
-        kill_tree_leftovers(root)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return root
+    return reference_run(tmp_path_factory.mktemp("reference"), ROUNDS)
 
 
 def test_golden_path_runs_every_state_once_per_round_in_order(reference: Path) -> None:

@@ -15,6 +15,7 @@ from tests.demotree import (
     kill_tree_leftovers,
     ledger_rows,
     make_tree,
+    reference_run,
     results,
     run_daemon,
     start_daemon,
@@ -27,13 +28,7 @@ ROUNDS = 2
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ref2")
-    campaign = make_tree(root, rounds=ROUNDS)
-    try:
-        assert run_daemon(campaign).returncode == 0
-    finally:
-        kill_tree_leftovers(root)
-    return root
+    return reference_run(tmp_path_factory.mktemp("ref2"), ROUNDS)
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,7 @@ from tests.demotree import (
     kill_tree_leftovers,
     ledger_rows,
     make_tree,
+    reference_run,
     results,
     run_daemon,
     start_daemon,
@@ -72,14 +73,7 @@ def _secret_values(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished 2-round demo campaign, never modified: tests clean copies of it."""
-    root = tmp_path_factory.mktemp("finished")
-    campaign = make_tree(root, rounds=2)
-    try:
-        proc = run_daemon(campaign)
-    finally:
-        kill_tree_leftovers(root)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return root
+    return reference_run(tmp_path_factory.mktemp("finished"), 2)
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
@@ -95,14 +89,7 @@ def _copy_tree(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def reference3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An unmoved, uninterrupted 3-round campaign: the results a moved one must match."""
-    root = tmp_path_factory.mktemp("ref3")
-    campaign = make_tree(root, rounds=3)
-    try:
-        proc = run_daemon(campaign)
-    finally:
-        kill_tree_leftovers(root)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return root
+    return reference_run(tmp_path_factory.mktemp("ref3"), 3)
 
 
 # -- clean ------------------------------------------------------------------------------------------

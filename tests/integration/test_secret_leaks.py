@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from shoprld.daemon.demo import FAKE_ENV
-from tests.demotree import CmdlineSampler, kill_tree_leftovers, leak_hits, make_tree, run_daemon
+from tests.demotree import CmdlineSampler, kill_tree_leftovers, leak_hits, make_tree, reference_run, run_daemon
 
 CANARIES = {
     "WANDB_API_KEY": "canary-wandb-5f1d0c2e9b7a",
@@ -56,10 +56,6 @@ def test_canaries_appear_nowhere_after_a_crashed_and_resumed_campaign(tmp_path: 
 
 def test_demo_fake_keys_are_treated_as_secrets(tmp_path: Path) -> None:
     """The demo's own (fake) keys are masked like real ones in every file of a finished demo run."""
-    campaign = make_tree(tmp_path, rounds=1)
-    try:
-        assert run_daemon(campaign).returncode == 0
-    finally:
-        kill_tree_leftovers(tmp_path)
+    reference_run(tmp_path, 1)
     values = [line.split("=", 1)[1] for line in FAKE_ENV.splitlines() if "=" in line and not line.startswith("#")]
     assert leak_hits(tmp_path, values) == []

@@ -110,6 +110,15 @@ class WatchLimitObserver(DeafObserver):
         raise OSError(errno.ENOSPC, "inotify watch limit reached")
 
 
+def inotify_watcher(tmpfs: Path, observer: Callable[[], ObserverLike],
+                    **options: Any) -> tuple[Path, CheckpointWatcher]:
+    """An empty ``tmpfs/save`` and an inotify-mode watcher on it (with ``options``) whose observer is
+    the stand-in ``observer``."""
+    save_dir = tmpfs / "save"
+    save_dir.mkdir()
+    return save_dir, CheckpointWatcher(save_dir, mode="inotify", observer_factory=observer, **options)
+
+
 def run_watcher(
     watcher: CheckpointWatcher, body: Callable[[Recorder], Awaitable[None]], *, emit_async: bool = False
 ) -> Recorder:
@@ -184,9 +193,7 @@ def test_save_dir_created_after_start_and_replaced(tmpfs: Path, mode: str) -> No
 
 def test_overflow_rescan_catches_up(tmpfs: Path) -> None:
     """With events lost (a deaf observer), notify_overflow() forces the rescan that emits the commit."""
-    save_dir = tmpfs / "save"
-    save_dir.mkdir()
-    watcher = CheckpointWatcher(save_dir, mode="inotify", rescan_interval=3600, observer_factory=DeafObserver)
+    save_dir, watcher = inotify_watcher(tmpfs, DeafObserver, rescan_interval=3600)
 
     async def body(rec: Recorder) -> None:
         save(save_dir, 20)
@@ -211,9 +218,7 @@ def test_overflow_rescan_catches_up(tmpfs: Path) -> None:
 
 def test_timer_rescan_without_events(tmpfs: Path) -> None:
     """With no events at all, the periodic full rescan still finds the commit."""
-    save_dir = tmpfs / "save"
-    save_dir.mkdir()
-    watcher = CheckpointWatcher(save_dir, mode="inotify", rescan_interval=0.2, observer_factory=DeafObserver)
+    save_dir, watcher = inotify_watcher(tmpfs, DeafObserver, rescan_interval=0.2)
 
     async def body(rec: Recorder) -> None:
         save(save_dir, 20)
@@ -224,10 +229,7 @@ def test_timer_rescan_without_events(tmpfs: Path) -> None:
 
 def test_watch_limit_enospc_falls_back_to_polling(tmpfs: Path) -> None:
     """inotify's ENOSPC is the watch limit: logged as checkpoint.watch_limit, then polling works."""
-    save_dir = tmpfs / "save"
-    save_dir.mkdir()
-    factory: Callable[[], ObserverLike] = WatchLimitObserver
-    watcher = CheckpointWatcher(save_dir, mode="inotify", poll_interval=0.05, observer_factory=factory)
+    save_dir, watcher = inotify_watcher(tmpfs, WatchLimitObserver, poll_interval=0.05)
 
     async def body(rec: Recorder) -> None:
         assert watcher.mode == "poll"

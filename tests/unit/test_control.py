@@ -23,6 +23,7 @@ from shoprld.daemon import control
 from shoprld.daemon.control import ControlRefused, ControlServer, query, request_stop
 from shoprld.daemon.errors import EXIT_CONFIG, ConfigError, LockError
 from shoprld.daemon.store import SOCKET_FILE
+from tests.demotree import ready_child
 
 pytestmark = pytest.mark.anyio
 NOBODY = 65534
@@ -366,14 +367,8 @@ async def test_stop_over_the_socket(campaign: tuple[Path, Path], capsys: pytest.
 def termable(campaign: tuple[Path, Path]) -> Iterator[subprocess.Popen[str]]:
     """A lock-holding process that exits 0 on SIGTERM, standing in for the daemon."""
     _, state_dir = campaign
-    proc = subprocess.Popen([sys.executable, "-c", TERMABLE, str(state_dir)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    with ready_child(TERMABLE, str(state_dir)) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.parametrize("stale_socket", [False, True])

@@ -4,8 +4,9 @@ preflight lines, the monitor through its sampler seam, reclaim confinement)."""
 from __future__ import annotations
 
 import errno
-import math
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from shoprld.daemon.disk import (
     log_says_enospc,
 )
 from structlog.testing import capture_logs
+
+from tests.fsfixtures import DiskEvents
 
 MiB = 1 << 20
 
@@ -298,83 +301,57 @@ class FakeVolume:
         return DiskSample(path, 100 * MiB, self.free, self.free, 20_000, 10_000, False, float(self.calls))
 
 
-class Events:
-    """Collects emitted events and lets a test wait for one by name."""
-
-    def __init__(self) -> None:
-        self.all: list[dict[str, Any]] = []
-        self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
-
-    async def emit(self, ev: dict[str, Any]) -> None:
-        self.all.append(ev)
-        await self._send.send(ev)
-
-    async def wait_for(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
-        with anyio.fail_after(timeout):
-            async for ev in self._recv:
-                if ev["event"] == name:
-                    return ev
-        raise AssertionError("stream closed")
-
-    def names(self) -> list[str]:
-        return [e["event"] for e in self.all]
-
-
-def monitor_args(ev: Events) -> tuple[Path, Guard, disk.Emit]:
-    """Positional arguments for disk.monitor on the fake volume."""
-    return Path("/vol"), Guard(LIM, hysteresis_bytes=HYST), ev.emit
+@asynccontextmanager
+async def fake_monitor(**options: Any) -> AsyncIterator[tuple[disk.Monitor, FakeVolume, DiskEvents]]:
+    """disk.monitor (with ``options``) on a FakeVolume with 50 MiB free, started in a task group:
+    yields (monitor, volume, events) once the first sample is in, and cancels it after the block."""
+    vol, ev = FakeVolume(50 * MiB), DiskEvents()
+    async with anyio.create_task_group() as tg:
+        mon = await tg.start(partial(disk.monitor, sampler=vol, **options), Path("/vol"),
+                             Guard(LIM, hysteresis_bytes=HYST), ev.emit)
+        yield mon, vol, ev
+        tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
 async def test_monitor_start_hands_back_after_first_sample() -> None:
     """tg.start(monitor, ...) returns the Monitor once the first sample is taken and emitted."""
-    vol, ev = FakeVolume(50 * MiB), Events()
-    async with anyio.create_task_group() as tg:
-        mon = await tg.start(partial(disk.monitor, sampler=vol), *monitor_args(ev))
+    async with fake_monitor() as (mon, _, ev):
         assert isinstance(mon, disk.Monitor)
         assert mon.last is not None and mon.last.free_bytes == 50 * MiB
         assert ev.names() == ["disk.sample"]
         assert ev.all[0]["soft_limit_bytes"] == LIM.soft_bytes
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
 async def test_monitor_poke_samples_now_and_emits_the_change() -> None:
     """With an hour-long interval, poke() alone brings the hard-limit event."""
-    vol, ev = FakeVolume(50 * MiB), Events()
-    async with anyio.create_task_group() as tg:
-        mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+    async with fake_monitor(interval=3600) as (mon, vol, ev):
         vol.free = MiB
         mon.poke()
         hard = await ev.wait_for("disk.hard_limit")
         assert (hard["free_bytes"], hard["level"], hard["hard_limit_bytes"]) == (MiB, "hard", LIM.hard_bytes)
         assert ev.names() == ["disk.sample", "disk.hard_limit"]  # a poke emits no disk.sample
-        tg.cancel_scope.cancel()
 
 
 @pytest.mark.anyio
 async def test_monitor_report_enospc_is_a_hard_limit_even_with_free_space() -> None:
     """An ENOSPC reported by the engine is a hard-limit event; the next sample may clear it."""
-    vol, ev = FakeVolume(50 * MiB), Events()
     with capture_logs() as logs:
-        async with anyio.create_task_group() as tg:
-            mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+        async with fake_monitor(interval=3600) as (mon, _, ev):
             mon.report_enospc("/vol/exp/checkpoints/iter_0000040")
             hard = await ev.wait_for("disk.hard_limit")
             assert hard["reason"] == "ENOSPC at /vol/exp/checkpoints/iter_0000040"
             mon.poke()
             await ev.wait_for("disk.ok")
-            tg.cancel_scope.cancel()
     assert [e["event"] for e in logs if e["event"].startswith("disk.")] == ["disk.hard_limit", "disk.ok"]
 
 
 @pytest.mark.anyio
 async def test_monitor_survives_a_failing_sampler() -> None:
     """A sampler OSError is logged as disk.sample_failed and the monitor keeps going."""
-    vol, ev = FakeVolume(50 * MiB), Events()
     with capture_logs() as logs:
-        async with anyio.create_task_group() as tg:
-            mon = await tg.start(partial(disk.monitor, interval=3600, sampler=vol), *monitor_args(ev))
+        async with fake_monitor(interval=3600) as (mon, vol, ev):
             vol.fail_next = True
             mon.poke()
             vol.free = 0
@@ -383,14 +360,13 @@ async def test_monitor_survives_a_failing_sampler() -> None:
                     await anyio.sleep(0.01)
             mon.poke()
             await ev.wait_for("disk.hard_limit")
-            tg.cancel_scope.cancel()
     assert any(e["event"] == "disk.sample_failed" and e["errno"] == errno.EIO for e in logs)
 
 
 def test_monitor_rejects_a_non_positive_interval() -> None:
     """interval must be positive: a zero interval would be a busy loop."""
     with pytest.raises(ValueError, match="interval"):
-        disk.Monitor(Path("/vol"), Guard(LIM, hysteresis_bytes=HYST), Events().emit, interval=0)
+        disk.Monitor(Path("/vol"), Guard(LIM, hysteresis_bytes=HYST), DiskEvents().emit, interval=0)
 
 
 # ---------------------------------------------------------------------------- reclaim confinement

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import math
 import os
 from collections.abc import Callable
 from functools import partial
@@ -18,6 +17,7 @@ from structlog.testing import capture_logs
 
 from tests.fsfixtures import (  # noqa: F401  (fixtures "loop_ext4", "tmpfs")
     MOUNT_SOURCE,
+    DiskEvents,
     FsUnavailable,
     Mounts,
     loop_ext4_fixture,
@@ -146,35 +146,13 @@ def test_sample_reports_a_read_only_remount(tmpfs: Mount) -> None:
 # ---------------------------------------------------------------------------- monitor, for real
 
 
-class Events:
-    """Collects emitted events and lets a test wait for one by name."""
-
-    def __init__(self) -> None:
-        self.all: list[dict[str, Any]] = []
-        self._send, self._recv = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
-
-    async def emit(self, ev: dict[str, Any]) -> None:
-        self.all.append(ev)
-        await self._send.send(ev)
-
-    async def wait_for(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
-        with anyio.fail_after(timeout):
-            async for ev in self._recv:
-                if ev["event"] == name:
-                    return ev
-        raise AssertionError("stream closed")
-
-    def levels(self) -> list[str]:
-        return [e["event"] for e in self.all if e["event"] != "disk.sample"]
-
-
 LIM = Limits(soft_bytes=8 * MiB, hard_bytes=4 * MiB, soft_inodes=20, hard_inodes=10)
 
 
 @pytest.mark.anyio
 async def test_monitor_sees_a_sudden_fill_as_hard_then_ok_after_delete(tmpfs: Mount) -> None:
     """Another thread filling a 20 MiB tmpfs brings disk.hard_limit; deleting the file brings disk.ok."""
-    root, ev = tmpfs("20m"), Events()
+    root, ev = tmpfs("20m"), DiskEvents()
     async with anyio.create_task_group() as tg:
         await tg.start(partial(disk.monitor, interval=0.05), root, Guard(LIM, hysteresis_bytes=MiB), ev.emit)
         await anyio.to_thread.run_sync(fill, root / "filler")
@@ -191,7 +169,7 @@ async def test_monitor_sees_a_sudden_fill_as_hard_then_ok_after_delete(tmpfs: Mo
 @pytest.mark.anyio
 async def test_monitor_sees_a_partial_fill_as_soft(tmpfs: Mount) -> None:
     """Filling to between hard and soft brings disk.soft_limit and no hard limit."""
-    root, ev = tmpfs("20m"), Events()
+    root, ev = tmpfs("20m"), DiskEvents()
     async with anyio.create_task_group() as tg:
         await tg.start(partial(disk.monitor, interval=0.05), root, Guard(LIM, hysteresis_bytes=MiB), ev.emit)
         await anyio.to_thread.run_sync(fill, root / "filler", 6 * MiB)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,51 +24,17 @@ from shoprld.daemon import status
 from shoprld.daemon.errors import ConfigError
 from shoprld.daemon import store
 from shoprld.daemon.store import PID_FILE, STATUS_FILE
+from tests.demotree import LOCK_HOLDER, ready_child, status_snapshot
 
 SCHEMA = json.loads(status.SCHEMA_FILE.read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 NOW = 1_800_000_000.0
 HEAVY = ("pydantic", "structlog", "httpx", "anyio", "rich")
 
-# A child that takes the campaign lock exactly as the daemon does, then waits for stdin to close.
-HOLDER = """
-import sys
-from pathlib import Path
-from shoprld.daemon.store import Store
-Store(Path(sys.argv[1])).acquire_lock()
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
 
 def snapshot(now: float = NOW, **over: Any) -> dict[str, Any]:
-    """A realistic mid-campaign snapshot: round 3/5, TRAIN step 12/20, two rounds done."""
-    snap: dict[str, Any] = {
-        "campaign": "demo", "experiment": "qwen35-4b", "state": "TRAIN", "round": 2, "rounds": 5,
-        "step": 12, "steps_per_round": 20, "step_seconds": 41.2, "eta_seconds": 329.6,
-        "daemon": {"pid": 4242, "started_at": now - 7380},
-        "last_checkpoint": {"iteration": 59, "path": "/ephemeral/demo/checkpoints/megatron/iter_0000059",
-                            "complete": True, "bytes": 56_800_000_000, "committed_at": now - 125},
-        "disk": {"path": "/ephemeral", "total_bytes": 2 * 1024**4, "free_bytes": 612 * 1024**3,
-                 "soft_limit_bytes": 64 * 1024**3, "hard_limit_bytes": 10 * 1024**3, "inodes_free": 12_300_000,
-                 "level": "ok", "sampled_at": now - 3},
-        "shopsim": {"url": "http://127.0.0.1:5700", "healthy": True, "free_slots": 16, "slots": 48,
-                    "checked_at": now - 4},
-        "children": [{"role": "shopsim", "pid": 4300, "started_at": now - 7300, "log": "/ephemeral/logs/shopsim.log"},
-                     {"role": "trainer", "pid": 5001, "started_at": now - 4320,
-                      "log": "/ephemeral/logs/r002-train.log"}],
-        "rounds_done": [
-            {"round": 0, "val": 0.412, "metric_name": "success_rate", "gate": "complete", "branch": "selected",
-             "duration_seconds": 7080.0},
-            {"round": 1, "val": 0.4375, "metric_name": "success_rate", "gate": "incomplete", "branch": "kept",
-             "duration_seconds": 6950.0},
-        ],
-        "last_error": None, "stop_reason": None, "deadline": now + 22_320,
-        "stop_conditions": {"rounds_done": 2, "rounds": 5, "deadline": now + 22_320},
-        "warnings": [], "updated_at": now - 1,
-    }
-    snap.update(over)
-    return snap
+    """A realistic mid-campaign snapshot (``tests.demotree.status_snapshot``), at NOW by default."""
+    return status_snapshot(now, **over)
 
 
 @pytest.fixture
@@ -89,18 +56,11 @@ def write_snapshot(state_dir: Path, snap: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def holder(campaign: tuple[Path, Path]):
+def holder(campaign: tuple[Path, Path]) -> Iterator[subprocess.Popen[str]]:
     """A real process holding the campaign lock and pid file, like a running daemon."""
     _, state_dir = campaign
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(state_dir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    with ready_child(LOCK_HOLDER, str(state_dir), stdin=subprocess.PIPE) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> subprocess.CompletedProcess[str]:
