@@ -132,13 +132,17 @@ class Store:
             self._journal_fd = None
 
     # -- journal -----------------------------------------------------------------
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one JSON line and fsync it."""
+    def append(self, record: dict[str, Any], *, sync: bool = True) -> None:
+        """Append one JSON line and fsync it. ``sync=False`` leaves the fsync to the next
+        synced append (one fsync covers every line before it): for a line that another
+        follows at once, or one that only informs (a daemon crash loses neither; the write
+        is in the page cache)."""
         if self._journal_fd is None:
             self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         line = json.dumps({"t": time.time(), **record}, sort_keys=True) + "\n"
         os.write(self._journal_fd, line.encode())
-        os.fsync(self._journal_fd)
+        if sync:
+            os.fsync(self._journal_fd)
 
     def journal(self) -> Iterator[dict[str, Any]]:
         """Every well-formed journal record; a torn last line (crash mid-append) is skipped."""
