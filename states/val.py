@@ -9,19 +9,23 @@ is on, because the gate needs both results.
 ``run`` exits 0 even when episodes failed, so the stage reads ``summary.json``: coverage
 at least ``val.min_coverage`` and the weight version of this round. A run dir left by an
 interrupted or incomplete attempt is archived and the next attempt starts fresh (the tool's
-3-attempts-per-episode budget would otherwise make the summary depend on the history).
+3-attempts-per-episode budget would otherwise make the summary depend on the history). A bare
+val that a crashed daemon left running is waited for, and its summary used when it covers.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import anyio
 
 from shoprld.daemon.machine import State
 
 from .base import Outcome, RoundContext, read_json
 
 STATE = State.VAL
-ADOPTS: tuple[str, ...] = ("val_server", "analyze")
+ADOPTS: tuple[str, ...] = ("val_server", "analyze", "val")
 
 
 def _run_dir(ctx: RoundContext) -> Path:
@@ -56,6 +60,14 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
+    leftover = ctx.find_child("val")
+    if leftover is not None:  # a crashed daemon's bare val, still running: let it finish
+        with anyio.fail_after(ctx.cfg.val.timeout or None):
+            await leftover.wait()
+        ctx.unregister_child(leftover)
+        summary = read_json(_run_dir(ctx) / "summary.json")
+        if _covered(ctx, summary):
+            return _done(ctx, summary)
     problem = await ctx.val_server.ensure_ready(ctx)
     if problem:
         return Outcome.retry(problem)
@@ -74,13 +86,17 @@ async def run(ctx: RoundContext) -> Outcome:
     await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
     summary = read_json(_run_dir(ctx) / "summary.json")
     if _covered(ctx, summary):
-        primary = (summary or {}).get("primary", {})
-        ctx.emit("val.summary", coverage=(summary or {}).get("counts", {}).get("coverage"), primary=primary)
-        return Outcome.done("bare val complete", primary=primary)
+        return _done(ctx, summary)
     counts = (summary or {}).get("counts")
     # The next attempt archives this run dir and starts fresh (see above).
     return Outcome.retry(f"bare val incomplete ({counts or 'no summary.json'}, weights "
                          f"{(summary or {}).get('weight_version')}); rerunning it fresh")
+
+
+def _done(ctx: RoundContext, summary: dict[str, Any] | None) -> Outcome:
+    primary = (summary or {}).get("primary", {})
+    ctx.emit("val.summary", coverage=(summary or {}).get("counts", {}).get("coverage"), primary=primary)
+    return Outcome.done("bare val complete", primary=primary)
 
 
 def _analysis_done(ctx: RoundContext) -> bool:

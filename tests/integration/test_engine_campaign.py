@@ -138,12 +138,15 @@ def test_resume_after_incomplete_gate_keeps_the_current_skillbank(tmp_path: Path
     assert status(tmp_path)["rounds_done"][0]["gate"] == "incomplete"
 
 
-def test_gate_left_running_by_a_crashed_daemon_is_waited_for_not_rerun(reference: Path, tmp_path: Path) -> None:
-    """SIGKILL the daemon right after it spawned round-001's gate: the restarted daemon adopts
-    the still-running gate (or finds its finished output) and never runs a second gate for
-    the round, nor archives the first one's work."""
+@pytest.mark.parametrize(("state", "role", "run_dir"), [("VAL", "val", "round-001-bare-val"),
+                                                        ("GATE", "gate", "round-001-online-gate")])
+def test_tool_left_running_by_a_crashed_daemon_is_waited_for_not_rerun(
+        reference: Path, tmp_path: Path, state: str, role: str, run_dir: str) -> None:
+    """SIGKILL the daemon right after it spawned round-001's bare val (or gate): the restarted
+    daemon adopts the still-running tool (or finds its finished output) and never runs it a
+    second time for the round, nor archives the first run's work."""
     campaign = make_tree(tmp_path, rounds=2)
-    env = {"SHOPRLD_TEST_KILL": "GATE:spawn-gate:1", "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
+    env = {"SHOPRLD_TEST_KILL": f"{state}:spawn-{role}:1", "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
     try:
         assert run_daemon(campaign, env=env).returncode == -9
         second = run_daemon(campaign)
@@ -151,10 +154,10 @@ def test_gate_left_running_by_a_crashed_daemon_is_waited_for_not_rerun(reference
         kill_tree_leftovers(tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     recs = journal(tmp_path)
-    assert not [r for r in recs if r["event"] == "stage.spawn" and r["role"] == "gate" and r["round"] == 1]
+    assert not [r for r in recs if r["event"] == "stage.spawn" and r["role"] == role and r["round"] == 1]
     assert [r for r in recs if r["round"] == 1 and (
-        r["event"] == "gate.reused" or (r["event"] == "child.adopted" and r["role"] == "gate"))]
-    assert not list((tmp_path / "repo" / "runs").glob("round-001-online-gate.archived-*"))
+        r["event"] in ("gate.reused", "stage.skipped") or (r["event"] == "child.adopted" and r["role"] == role))]
+    assert not list((tmp_path / "repo" / "runs").glob(f"{run_dir}.archived-*"))
     assert results(tmp_path) == {k: v for k, v in results(reference).items()
                                  if "round-000" in k or "round-001" in k or k.startswith("runs/round-002/")}
 
