@@ -158,6 +158,19 @@ class RoundContext:
         self.emit("run.archived", path=str(dst), reason=why)
         return dst
 
+    async def await_child(self, role: str, timeout: float | None) -> bool:
+        """Let the live child of ``role`` finish (one started by an earlier stage, or left
+        running by a crashed daemon and adopted now); False when there is none."""
+        import anyio
+
+        child = self.find_child(role)
+        if child is None:
+            return False
+        with anyio.fail_after(timeout or None):
+            await child.wait()
+        self.unregister_child(child)
+        return True
+
     def inputs(self) -> dict[str, str]:
         """This round's SkillBank, curriculum and history ledger (from the previous INJECT)."""
         if self.round == 0:

@@ -4,10 +4,11 @@ Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the comp
 overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts; a
 ``failed`` status means a fallback pool of the current skills. ``online-gate`` runs on
 the same frozen val server and writes ``online_gate_manifest.json`` (``complete`` or
-``incomplete``). A gate dir that a crashed daemon's gate finished (manifest ``complete``,
-written last, for this round's weights) is reused; any other leftover is archived and the
-gate reruns on a healthy stack. The configured policy says what an incomplete gate means: ``continue``
-without new skills (the seed's), ``retry`` the gate, or ``stop`` the campaign (exit 5).
+``incomplete``). A gate that a crashed daemon left running is waited for; a gate dir it
+finished (manifest ``complete``, written last, for this round's weights) is reused, and any
+other leftover is archived and the gate reruns on a healthy stack. The configured policy
+says what an incomplete gate means: ``continue`` without new skills (the seed's), ``retry``
+the gate, or ``stop`` the campaign (exit 5).
 Then the val server's whole process group is stopped, because training needs its GPUs
 (or parked, with ``val.reuse_server``). The decision is recorded in
 ``artifacts/gate/<round>.json``, which is what INJECT and the ledger read.
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import anyio
 
 from shoprld.daemon.machine import State
 from shoprld.daemon.store import atomic_write_json
@@ -40,11 +39,7 @@ async def run(ctx: RoundContext) -> Outcome:
     analysis_dir = ctx.runs / f"{ctx.round_id}-online-analysis"
     gate_dir = ctx.runs / f"{ctx.round_id}-online-gate"
     if cfg.analyze_command:
-        running = ctx.find_child("analyze")
-        if running is not None:
-            with anyio.fail_after(cfg.timeout or None):
-                await running.wait()
-            ctx.unregister_child(running)
+        await ctx.await_child("analyze", cfg.timeout)  # started by VAL (overlap), or left running
         if not (analysis_dir / "analysis_summary.json").is_file():
             await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
                                secrets=cfg.analyze_secrets or cfg.secrets)
@@ -54,11 +49,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if analysis.get("status") == "failed":
         ctx.emit("analysis.failed", detail=analysis.get("error") or analysis.get("reason"),
                  note="fallback pool: current skills only")
-    leftover = ctx.find_child("gate")
-    if leftover is not None:  # a crashed daemon's gate, still running: let it finish
-        with anyio.fail_after(cfg.timeout or None):
-            await leftover.wait()
-        ctx.unregister_child(leftover)
+    await ctx.await_child("gate", cfg.timeout)  # a crashed daemon's gate, still running
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
     else:

@@ -18,8 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from shoprld.daemon.machine import State
 
 from .base import Outcome, RoundContext, read_json
@@ -60,11 +58,7 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    leftover = ctx.find_child("val")
-    if leftover is not None:  # a crashed daemon's bare val, still running: let it finish
-        with anyio.fail_after(ctx.cfg.val.timeout or None):
-            await leftover.wait()
-        ctx.unregister_child(leftover)
+    if await ctx.await_child("val", ctx.cfg.val.timeout):  # a crashed daemon's, still running
         summary = read_json(_run_dir(ctx) / "summary.json")
         if _covered(ctx, summary):
             return _done(ctx, summary)
