@@ -30,8 +30,8 @@ fi
 cmd=${1:-test}; shift || true
 case "$cmd" in
     demo) exec "$venv/bin/shoprld" demo "$@" ;;
-    test) exec "$venv/bin/python" -m pytest -q "$@" ;;
+    test) exec "$venv/bin/python" -m pytest -q -rs "$@" ;;
     # pytest exits 5 when nothing is selected; that is not a failure of the slow suite.
-    slow) "$venv/bin/python" -m pytest -q -m slow "$@" || { rc=$?; [ $rc -eq 5 ] || exit $rc; } ;;
+    slow) "$venv/bin/python" -m pytest -q -rs -m slow "$@" || { rc=$?; [ $rc -eq 5 ] || exit $rc; } ;;
     *) echo "usage: run/dev.sh demo|test|slow [ARGS]" >&2; exit 2 ;;
 esac
