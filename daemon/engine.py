@@ -142,7 +142,7 @@ class Engine:
         self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
         self.children: dict[str, Child] = {}
         self.adoptable: dict[str, ChildRecord] = {}
-        self.shopsim = ShopsimService()
+        self.shopsim = ShopsimService(witness=layout.state_dir / "shopsim.witness")
         self.val_server = ValServerService()
         self.stop = _Stop()
         self.round = 0
@@ -481,8 +481,10 @@ class Engine:
         self.shopsim.closing = True
         order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
         for child in order:
-            if child.record.role == "shopsim" and self.shopsim.external:
-                continue
+            if child.record.role == "shopsim":
+                self.shopsim.vouch(self._ctx())  # the trainer is stopped: all it saved ran against this ShopSim
+                if self.shopsim.external:
+                    continue
             if force:
                 child.signal_group(signal.SIGKILL)
             await child.stop(0.0 if force else self._grace(child.record.role))
@@ -841,7 +843,7 @@ class Engine:
             self._journal("train.stall", **fields)
             self._write_status(force=True)
         elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
-                       "child.adopted"):
+                       "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use"):
             self._journal(event, **fields)
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))

@@ -7,6 +7,17 @@ next ``reset`` would block forever; :meth:`ShopsimService.recover_leaks` notices
 (``free_slots`` short while none of the campaign's clients runs) and restarts it, the one
 sure recovery (``release_all`` can leave ghost waiters' slots taken).
 
+ShopSim also vouches for checkpoints. A rollout that ran while ShopSim was dead scores only
+some of its groups, and the trainer (like slime, which aborts only after 8 unscored groups in
+a row) may save that step before anyone notices. So while our ShopSim child is alive, the
+newest checkpoint the tracker names is recorded in ``<state_dir>/shopsim.witness`` (read
+before the liveness check: it was trained against this live process). A death found by the
+supervisor or at start-up marks an outage there, which freezes the witness. The outage is
+settled where no stage can be using the checkpoints: at start-up, before a trainer starts,
+and when TRAIN ends (which checks ShopSim once more, so no round leaves TRAIN on an
+unwitnessed checkpoint). Settling deletes the checkpoints saved after the witnessed one and
+points the tracker back, so TRAIN retrains them against a live ShopSim.
+
 The val server (SGLang) is ready when ``/health`` is 200 AND its process is alive, and it
 must serve this round's ``weight_version``. It is stopped by process group, then its
 port must be free before anything else starts. With ``val.reuse_server`` it stays up across
@@ -15,12 +26,15 @@ rounds: ``/release_memory_occupation`` during TRAIN, ``/update_weights_from_disk
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
+from . import checkpoints as ckpt
 from .processes import Child, wait_port_free
+from .store import atomic_write, replace_json
 
 if TYPE_CHECKING:
     from shoprld.states.base import RoundContext
@@ -50,7 +64,7 @@ CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
 class ShopsimService:
     """Start or adopt ShopSim, wait for ready, supervise, recover leaked leases."""
 
-    def __init__(self) -> None:
+    def __init__(self, witness: Path | None = None) -> None:
         self.child: Child | None = None
         self.healthy: bool | None = None
         self.free_slots: int | None = None
@@ -58,6 +72,10 @@ class ShopsimService:
         self.restarts = 0
         self.external = False  # healthy before we started anything: not ours to stop
         self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
+        self.witness = witness
+        self._witnessed: object = object()  # the last iteration written (a sentinel at first)
+        # ShopSim died since the witness was written (maybe under a previous daemon): freeze it.
+        self._outage = bool((_read_witness(witness) or {}).get("outage"))
 
     async def health(self, ctx: RoundContext) -> dict[str, Any] | None:
         cfg = ctx.cfg.shopsim
@@ -68,13 +86,80 @@ class ShopsimService:
         self.free_slots = result.get("free_slots") if isinstance(result, dict) else None
         return result if ok else None
 
-    async def ensure_ready(self, ctx: RoundContext) -> str | None:
-        """None once ready; else a one-line problem (the stage retries)."""
+    def vouch(self, ctx: RoundContext) -> None:
+        """While our ShopSim child is alive: every checkpoint the tracker names now was trained
+        against it. Not fsynced (a daemon crash keeps the page cache; after a host crash an
+        older witness only makes the rollback below more cautious)."""
+        if self.witness is None or self.child is None or self._outage:
+            return
+        iteration = ckpt.read_tracker(ctx.layout.save_dir).iteration  # read BEFORE the liveness check
+        if not self.child.alive():
+            self.mark_outage()
+            return
+        # None: no tracker, or one caught mid-write (Megatron writes it in place): keep the last.
+        if iteration is not None and iteration != self._witnessed:
+            self._witness(iteration)
+
+    def _witness(self, iteration: int | None) -> None:
+        if self.witness is not None:
+            replace_json(self.witness, {"iteration": iteration, "outage": self._outage})
+            self._witnessed = iteration
+
+    def mark_outage(self) -> None:
+        """Our ShopSim died: freeze the witness until :meth:`settle_outage` has run."""
+        witness = _read_witness(self.witness)
+        if witness is not None and not self._outage:
+            self._outage = True
+            self._witness(witness.get("iteration"))
+
+    async def settle_outage(self, ctx: RoundContext) -> bool:
+        """Retrain what was saved after the last witnessed checkpoint, if ShopSim died since.
+        Only called where no stage uses checkpoints (start-up, TRAIN). True if it rolled back."""
+        witness = _read_witness(self.witness)
+        if witness is None or not witness.get("outage"):
+            return False
+        trainer = ctx.find_child("trainer")
+        if trainer is not None:
+            await trainer.stop(ctx.cfg.train.grace)
+            ctx.unregister_child(trainer)
+        save = ctx.layout.save_dir
+        safe = witness.get("iteration")
+        scan = ckpt.scan(save)
+        doomed = [c for c in scan.checkpoints if c.complete and (safe is None or c.iteration > safe)]
+        used = [c.iteration for c in doomed if _export_used(ctx, c.iteration)]
+        self._outage = False
+        if used:
+            ctx.emit("shopsim.outage_after_use", iterations=used, witnessed=safe,
+                     note="a later stage already used these weights; not retrained")
+            self._witness(scan.tracker.iteration)
+            return False
+        if not doomed:
+            self._witness(safe)
+            return False
+        ctx.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
+                 reason="saved after ShopSim was last seen alive: may hold a partial rollout")
+        ckpt.delete_checkpoints(doomed, save_dir=save)
+        tracker = save / ckpt.TRACKER_NAME
+        kept = [c for c in scan.checkpoints if c.complete and safe is not None and c.iteration <= safe]
+        if kept:
+            atomic_write(tracker, f"{kept[-1].iteration}\n".encode())
+        elif tracker.exists():  # nothing left in the save dir: round 0 starts from the base model
+            tracker.rename(tracker.with_name(f"{tracker.name}.rolled-back-{int(ctx.clock.time())}"))
+        # What is retrained from here must be witnessed again, by the next live ShopSim.
+        self._witness(kept[-1].iteration if kept else None)
+        return True
+
+    async def ensure_ready(self, ctx: RoundContext, *, settle: bool = True) -> str | None:
+        """None once ready; else a one-line problem (the stage retries). ``settle``: at start-up,
+        a ShopSim of ours that is gone died unwatched (or was stopped; then nothing is undone)."""
         cfg = ctx.cfg.shopsim
         if self.child is None:
             self.child = ctx.find_child("shopsim")
             if self.child is not None:
                 ctx.emit("shopsim.adopted", pid=self.child.pid)
+            elif settle and not self.external:
+                self.mark_outage()
+                await self.settle_outage(ctx)
         if self.child is None and await self.health(ctx) is not None:
             self.external = True
             ctx.emit("shopsim.adopted", pid=None, url=cfg.url, note="already healthy; not started twice")
@@ -90,6 +175,8 @@ class ShopsimService:
         while ctx.clock.monotonic() < deadline:
             if await self.health(ctx) is not None:
                 ctx.emit("shopsim.ready", pid=self.child.pid, free_slots=self.free_slots)
+                if not _read_witness(self.witness):  # a first start: what is on disk predates it
+                    self._witness(ckpt.read_tracker(ctx.layout.save_dir).iteration)
                 return None
             if not self.child.alive():
                 ctx.unregister_child(self.child)
@@ -113,7 +200,7 @@ class ShopsimService:
             return f"shopsim at {ctx.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
         await self.stop(ctx)
         await anyio.sleep(min(30.0, ctx.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
-        return await self.ensure_ready(ctx)
+        return await self.ensure_ready(ctx, settle=False)
 
     async def recover_leaks(self, ctx: RoundContext, *, reason: str) -> str | None:
         """Slots still leased while no client of ours runs are leaks: restart ShopSim."""
@@ -135,14 +222,16 @@ class ShopsimService:
             child = self.child
             if self.closing:
                 return
+            ctx = ctx_factory()
+            self.vouch(ctx)
             if child is not None and not child.alive():
-                ctx = ctx_factory()
                 ctx.emit("shopsim.died", pid=child.pid, returncode=child.returncode)
+                self.mark_outage()
                 ctx.unregister_child(child)
                 self.child = None
-                # A trainer that lost ShopSim mid-rollout either aborts (8 unscored groups) or, if
-                # ShopSim is back in time, trains a step on a partial rollout: stop it now, so
-                # TRAIN relaunches it from its last checkpoint and the results stay reproducible.
+                # A trainer that lost ShopSim mid-rollout either aborts (8 unscored groups) or
+                # trains a step on a partial rollout: stop it now; TRAIN settles the outage
+                # (retrains what was saved since ShopSim was last seen alive) and relaunches it.
                 trainer = ctx.find_child("trainer")
                 if trainer is not None:
                     ctx.emit("shopsim.died_during_train", trainer_pid=trainer.pid)
@@ -150,6 +239,27 @@ class ShopsimService:
                 problem = await self.restart(ctx, "died")
                 if problem:
                     ctx.emit("shopsim.restart_failed", problem=problem)
+
+
+def _read_witness(path: Path | None) -> dict[str, Any] | None:
+    import json
+
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and "iteration" in doc else None
+
+
+def _export_used(ctx: RoundContext, iteration: int) -> bool:
+    """A later stage already used this checkpoint: it is a round's end and EXPORT_HF recorded it."""
+    from shoprld.states.base import round_id
+
+    mapping = ctx.mapping
+    r = mapping.round_of(iteration)
+    return iteration == mapping.end_iteration(r) and ctx.read_record("export", round_id(r)) is not None
 
 
 class ValServerService:

@@ -8,7 +8,9 @@ partial saves and stop the sidecar with the stop-file protocol, waiting for its 
 While slime runs, the stage follows its progress lines and detects a stall: alive but
 no step for k x the median step time (at least ``train.stall_min``). By policy a stalled
 trainer is restarted from its last checkpoint. A trainer left running by a crashed
-daemon is adopted, never duplicated. Done is judged from the disk, never the exit code.
+daemon is adopted, never duplicated. Done is judged from the disk, never the exit code,
+and only once ShopSim is seen alive after the last save: what was saved while it was dead is
+retrained (``ShopsimService.settle_outage``; also settled before a trainer starts).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ async def run(ctx: RoundContext) -> Outcome:
                                 f"see {ctx.log_path(STATE)}")
     trainer = ctx.find_child("trainer")
     if trainer is None:
+        await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
         # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
         # look legitimate.
@@ -78,6 +81,12 @@ async def run(ctx: RoundContext) -> Outcome:
     progressed = after is not None and (before is None or after.iteration > before.iteration)
     if stalled:
         return Outcome.retry(stalled, progressed=progressed, stall=True)
+    # ShopSim must have been alive for the last steps too: check it once more before any
+    # later stage uses the checkpoint (the supervisor looks only once a second).
+    ctx.shopsim.vouch(ctx)
+    if await ctx.shopsim.settle_outage(ctx):
+        return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
+                             progressed=True)
     if completed(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)

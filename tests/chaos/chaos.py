@@ -24,6 +24,7 @@ from typing import Any
 
 from shoprld.daemon.demo import FAKE_ENV
 from tests.demotree import (
+    journal,
     kill_tree_leftovers,
     leak_hits,
     ledger_rows,
@@ -91,21 +92,12 @@ class Report:
     seconds: float = 0.0
 
 
-#: ShopSim is SIGKILLed only in these states. A ShopSim death during TRAIN can land inside a
-#: rollout whose save follows before the daemon notices (a demo step is 30 ms): the trainer
-#: then checkpoints a step trained on a partial rollout, as real slime would, and the round's
-#: results differ from the reference. That is an open gap (README, "known gaps"); the daemon's
-#: handling of a ShopSim death it does notice in TRAIN is tested in test_engine_faults.
-SHOPSIM_KILL_STATES = ("EXPORT_HF", "VAL", "GATE")
-
-
 def _victims(root: Path, rng: random.Random) -> list[dict[str, Any]]:
     try:
         st = status(root)
     except (OSError, ValueError):
         return []
-    return [c for c in st.get("children", [])
-            if c["role"] != "shopsim" or (st.get("state") in SHOPSIM_KILL_STATES and rng.random() < 0.3)]
+    return [c for c in st.get("children", []) if c["role"] != "shopsim" or rng.random() < 0.3]
 
 
 def _end_saves(root: Path) -> dict[int, int]:
@@ -130,9 +122,12 @@ def check_campaign(root: Path, reference: dict[str, bytes], rounds: int = ROUNDS
         bad.append(f"{root}: ledger rows {rows}")
     bad += [f"secret leaked: {hit}" for hit in leak_hits(root, FAKE_SECRETS)]
     saves = _end_saves(root)
+    # A checkpoint saved while ShopSim was dead is deleted and retrained (checkpoint.rollback).
+    rolled = [it for rec in journal(root) if rec["event"] == "checkpoint.rollback" for it in rec["iterations"]]
     for r in range(rounds):
-        if saves.get((r + 1) * STEPS, 0) != 1:
-            bad.append(f"{root}: iter {(r + 1) * STEPS} saved {saves.get((r + 1) * STEPS, 0)} times "
+        end = (r + 1) * STEPS
+        if saves.get(end, 0) != 1 + rolled.count(end):
+            bad.append(f"{root}: iter {end} saved {saves.get(end, 0)} times, rolled back {rolled.count(end)} "
                        "(a complete checkpoint was retrained or lost)")
     return bad
 

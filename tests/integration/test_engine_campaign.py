@@ -162,6 +162,35 @@ def test_tool_left_running_by_a_crashed_daemon_is_waited_for_not_rerun(
                                  if "round-000" in k or "round-001" in k or k.startswith("runs/round-002/")}
 
 
+def test_checkpoints_saved_while_shopsim_was_dead_are_retrained(reference: Path, tmp_path: Path) -> None:
+    """ShopSim dies unwatched (the daemon is down) after iter 14 was witnessed: what was saved
+    after it may hold partial rollouts. The restarted daemon deletes those checkpoints, points
+    the tracker back and retrains them against a live ShopSim: the results equal the reference."""
+    import json
+    import os
+    import signal
+
+    campaign = make_tree(tmp_path, rounds=2)
+    env = {"SHOPRLD_TEST_KILL": "TRAIN:done:0", "SHOPRLD_TEST_KILL_DIR": str(tmp_path)}
+    try:
+        assert run_daemon(campaign, env=env).returncode == -9
+        state = json.loads((tmp_path / "state" / "state.json").read_text())
+        os.killpg(int(state["children"]["shopsim"]["pid"]), signal.SIGKILL)
+        (tmp_path / "state" / "shopsim.witness").write_text(json.dumps({"iteration": 14, "shopsim_pid": None}))
+        second = run_daemon(campaign)
+    finally:
+        kill_tree_leftovers(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    rollbacks = [r for r in journal(tmp_path) if r["event"] == "checkpoint.rollback"]
+    assert len(rollbacks) == 1 and 20 in rollbacks[0]["iterations"], rollbacks
+    assert min(rollbacks[0]["iterations"]) > 14 and rollbacks[0]["witnessed"] == 14
+    from tests.chaos.chaos import _end_saves
+
+    assert _end_saves(tmp_path)[20] == 2  # saved, rolled back, saved again
+    assert results(tmp_path) == {k: v for k, v in results(reference).items()
+                                 if "round-000" in k or "round-001" in k or k.startswith("runs/round-002/")}
+
+
 @pytest.fixture(autouse=True)
 def _no_leftovers(tmp_path: Path):  # type: ignore[no-untyped-def]
     yield
