@@ -324,7 +324,14 @@ class Engine:
             self._spawn(state, delay=delay)
             return None
         if outcome.kind == "disk":
-            return await self._park(f"ENOSPC during {state.value}: {outcome.message}")
+            reason = f"ENOSPC during {state.value}: {outcome.message}"
+            # A stage can meet a full volume before the monitor's next sample (a sudden fill under
+            # load). The ENOSPC is a hard-limit crossing in its own right: the guard agrees, and the
+            # journal records the crossing, as it does for one the monitor saw.
+            if self._guard is not None and self._guard.force_hard(reason) is not None:
+                s = diskmod.sample(self.layout.ephemeral_root)
+                self._journal("disk.hard_limit", reason=reason, free_bytes=s.avail_bytes, **self._limits_dict())
+            return await self._park(reason)
         if outcome.kind == "gate_stop":
             return await self._fail(outcome.message, EXIT_GATE, "gate")
         return await self._fail(outcome.message, EXIT_STAGE, "failed")

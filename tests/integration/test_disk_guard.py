@@ -104,10 +104,22 @@ def test_sudden_fill_during_train_is_a_hard_stop_within_an_interval(tmpfs, tmp_p
         kill_tree_leftovers(tmp_path)
     assert daemon.returncode == 4, out[-2000:]
     recs = journal(tmp_path)
-    hard = [r for r in recs if r["event"] == "disk.hard_limit"]
+    # What must happen, whatever the load: the first crossing the daemon saw after the fill is
+    # journaled, and the park follows it. Which crossing comes first depends on when the samples
+    # fall: the 60 MiB write takes a while under load, so a sample can land mid-fill and see the
+    # soft limit first (then TRAIN parks at once, as the next save cannot fit); or the trainer
+    # meets ENOSPC before the next sample (journaled as disk.hard_limit with the ENOSPC reason).
+    crossings = [r for r in recs if r["event"] in ("disk.hard_limit", "disk.soft_limit") and r["t"] >= t_fill - 1]
+    parks = [r for r in recs if r["event"] == "transition" and r.get("trigger") == "park_disk"]
+    assert crossings, [r["event"] for r in recs[-15:]]
+    assert len(parks) == 1, parks
+    first, park = crossings[0], parks[0]
+    assert first["seq"] < park["seq"]
+    if first["event"] == "disk.soft_limit":
+        assert "cannot fit" in park["message"], park["message"]
     # The reaction time itself is measured by tests/bench/bench_disk.py; here only a loose bound,
     # since this shared 2-core box is noisy.
-    assert hard and hard[0]["t"] - t_fill < 5.0
+    assert park["t"] - t_fill < 5.0
     ballast = list(Path(volume).rglob(".shoprld-ballast"))
     assert ballast == []
     from shoprld.daemon import checkpoints as ckpt

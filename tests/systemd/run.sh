@@ -54,13 +54,49 @@ flock -w 5 9 || die "another run holds $CACHE/.systemd-test.lock"
 . "$HERE/cg_enter.sh"
 
 # -- 1. host tools (Debian packages, only when missing) ----------------------------------------
-if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null; then
-  log "installing systemd-container and debootstrap on the host"
-  # systemd-container must match the installed systemd exactly; never upgrade systemd itself.
-  V=$(dpkg-query -W -f='${Version}' systemd 2>/dev/null || true)
-  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-upgrade \
-    "systemd-container${V:+=$V}" debootstrap >/dev/null
+# debootstrap is arch-independent and not tied to anything installed: the mirror's version will do.
+# systemd-nspawn is: its package pins `systemd (= <version>)`, and the mirror keeps only the newest
+# point release. So the exact version is installed when the mirror still has it; otherwise the
+# mirror's candidate systemd-container and libsystemd-shared are unpacked privately (apt-get
+# download + dpkg -x) under $CACHE/host-tools, and that nspawn runs with its own private library
+# (LD_LIBRARY_PATH beats its RUNPATH). The host's systemd is never upgraded or touched.
+apt_lists() {  # make sure apt knows package $1 (a bare machine may have no package lists yet)
+  apt-cache show "$1" >/dev/null 2>&1 && return 0
+  log "apt-get update (no package list knows $1)"
+  DEBIAN_FRONTEND=noninteractive timeout 300 apt-get update -qq >/dev/null || die "apt-get update failed"
+}
+if ! command -v debootstrap >/dev/null && [ ! -x "$ROOT/lib/systemd/systemd" ]; then
+  apt_lists debootstrap
+  log "installing debootstrap on the host"
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-upgrade debootstrap >/dev/null \
+    || die "apt-get install debootstrap failed"
 fi
+TOOLS=$CACHE/host-tools
+NSPAWN=(systemd-nspawn)
+if ! command -v systemd-nspawn >/dev/null; then
+  if [ ! -x "$TOOLS/usr/bin/systemd-nspawn" ]; then
+    apt_lists systemd-container
+    V=$(dpkg-query -W -f='${Version}' systemd 2>/dev/null || true)
+    if [ -n "$V" ] && apt-cache madison systemd-container | awk -F'|' '{gsub(/ /, "", $2); print $2}' | grep -qxF "$V"; then
+      log "installing systemd-container=$V (the host's systemd version) on the host"
+      DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-upgrade "systemd-container=$V" >/dev/null \
+        || die "apt-get install systemd-container=$V failed"
+    else
+      log "systemd-container ${V:-?} is not on the mirror: unpacking its candidate privately into $TOOLS"
+      rm -rf "$TOOLS.tmp"; mkdir -p "$TOOLS.tmp/debs"
+      ( cd "$TOOLS.tmp/debs" && timeout 300 apt-get download -qq -o APT::Sandbox::User=root \
+          systemd-container libsystemd-shared ) >/dev/null 2>&1 || die "apt-get download systemd-container failed"
+      for deb in "$TOOLS.tmp"/debs/*.deb; do dpkg -x "$deb" "$TOOLS.tmp"; done
+      rm -rf "$TOOLS.tmp/debs"; mv "$TOOLS.tmp" "$TOOLS"
+    fi
+  fi
+  if ! command -v systemd-nspawn >/dev/null; then
+    LIBDIR=$(dirname "$(find "$TOOLS" -name 'libsystemd-shared-*.so' | head -1)")
+    NSPAWN=(env "LD_LIBRARY_PATH=$LIBDIR" "$TOOLS/usr/bin/systemd-nspawn")
+  fi
+fi
+"${NSPAWN[@]}" --version >/dev/null 2>&1 || die "systemd-nspawn does not run: ${NSPAWN[*]}"
+log "systemd-nspawn: $("${NSPAWN[@]}" --version | head -1) (${NSPAWN[*]})"
 
 # -- 2. the cached root (~2-3 min once) ----------------------------------------------------------
 if [ ! -x "$ROOT/lib/systemd/systemd" ]; then
@@ -158,7 +194,7 @@ if [ "$(cat "$ROOT$VENV/.stamp" 2>/dev/null)" != "$STAMP" ]; then
   log "building $VENV in the container (offline)"
   rm -rf "${ROOT:?}$VENV"
   mkdir -p "$ROOT/opt/shoprld/src"
-  ( in_cgroup_exec timeout 600 systemd-nspawn -q -D "$ROOT" -M "$M-setup" --register=no --keep-unit \
+  ( in_cgroup_exec timeout 600 "${NSPAWN[@]}" -q -D "$ROOT" -M "$M-setup" --register=no --keep-unit \
       --private-network --bind-ro="$WH:/wheelhouse" --bind="$W/src:$SRC" \
       /bin/sh -ec "python3 -m venv $VENV
                   $VENV/bin/pip install -q --no-index --find-links /wheelhouse -e $SRC" ) \
@@ -169,7 +205,7 @@ mkdir -p "$ROOT/srv/shoprld" "$ROOT$PARKVOL"
 
 # -- 4. boot -------------------------------------------------------------------------------------
 log "booting the container"
-( in_cgroup_exec timeout 900 systemd-nspawn -D "$ROOT" -M "$M" --boot --register=no --keep-unit \
+( in_cgroup_exec timeout 900 "${NSPAWN[@]}" -D "$ROOT" -M "$M" --boot --register=no --keep-unit \
     --private-network --link-journal=no --console=read-only \
     --bind-ro="$W/src:$SRC" --bind="$W/srv:/srv/shoprld" ) \
     > "$OUT/nspawn.log" 2>&1 < /dev/null &
