@@ -36,7 +36,8 @@ def _set(campaign: Path, pattern: str, repl: str) -> None:
 
 def test_deadline_allowing_two_and_a_half_rounds_stops_cleanly_after_two(tmp_path: Path) -> None:
     """With a deadline of 2.5 x the campaign's measured round duration, round 1 starts (it fits) and
-    round 2 does not: exit 0, DONE, stop_reason "deadline", two ledger rows, and status says so.
+    round 2 does not (under load, possibly round 1 already): exit 0, DONE, stop_reason "deadline",
+    a ledger row per round done, and status says so.
 
     The round duration is measured from a 1-round run of the same campaign, then the campaign is
     extended to 5 rounds with the deadline added: a duration deadline counts from the campaign's
@@ -57,16 +58,24 @@ def test_deadline_allowing_two_and_a_half_rounds_stops_cleanly_after_two(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     st = status(tmp_path)
     assert (st["state"], st["stop_reason"]) == ("DONE", "deadline")
-    assert [r["round"] for r in st["rounds_done"]] == [0, 1]
-    assert [int(r[0]) for r in ledger_rows(tmp_path)] == [0, 1]
+    # On a quiet machine round 1 fits and round 2 does not. Under load (the suite must pass with
+    # both cores busy) the second run's start-up and rounds can be slower than the measured one,
+    # so round 1 may no longer fit either. What must hold whatever the load: the rounds done are
+    # a prefix, the first round not started is the one the DONE message names, the message's
+    # numbers say it did not fit, and no TRAIN was entered for it.
+    done_rounds = [r["round"] for r in st["rounds_done"]]
+    assert done_rounds in ([0], [0, 1]), done_rounds
+    stopped_at = len(done_rounds)
+    assert [int(r[0]) for r in ledger_rows(tmp_path)] == done_rounds
     state = _state(tmp_path)
     assert state["deadline"] == pytest.approx(state["first_start"] + round(budget, 2), abs=1e-3)
     assert st["stop_conditions"]["deadline"] == state["deadline"]
     done = [r for r in journal(tmp_path) if r["event"] == "transition" and r["dst"] == "DONE"]
-    assert [(d["round"], d["trigger"]) for d in done] == [(0, "finish"), (2, "deadline")]  # the 1-round run, then this
-    assert "round-002 needs" in done[-1]["message"]
+    assert [(d["round"], d["trigger"]) for d in done] == [(0, "finish"), (stopped_at, "deadline")]  # the 1-round run, then this
+    m = re.search(rf"round-{stopped_at:03d} needs ~(\d+)s but only (\d+)s are left", done[-1]["message"])
+    assert m and int(m.group(1)) >= int(m.group(2)), done[-1]["message"]
     assert not [r for r in journal(tmp_path) if r["event"] == "transition" and r["dst"] == "TRAIN"
-                and r["round"] == 2]
+                and r["round"] == stopped_at]
     view = subprocess.run([*SHOPRLD, "status", "-c", str(campaign)], capture_output=True, text=True, timeout=60)
     assert view.returncode == 0, view.stderr
     assert "stopped: the deadline was reached" in view.stdout
