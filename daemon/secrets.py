@@ -234,9 +234,12 @@ def load_secrets(env_file: Path, *, extra_keys: Iterable[str] = ()) -> Secrets:
     values: dict[str, str] = {}
     lines: dict[str, int] = {}
     for binding in parse_stream(io.StringIO(text)):
-        line = binding.original.line
+        # A binding's text starts with the blank lines before it; its line is the statement's.
+        raw = binding.original.string
+        stmt = raw.lstrip()
+        line = binding.original.line + len(re.findall(r"\r\n|\n|\r", raw[: len(raw) - len(stmt)]))
         if binding.error:
-            raise _parse_error(env_file, line, binding.original.string)
+            raise _parse_error(env_file, line, stmt)
         if not binding.key:
             continue
         key = binding.key.strip()
