@@ -11,10 +11,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from shoprld.daemon.config import load_config
 from shoprld.daemon.errors import ConfigError
@@ -359,3 +361,101 @@ def test_check_reports_a_bad_env_file_in_exactly_one_stderr_line(tmp_path: Path,
     where = f"{env}:" if kind == "fifo" else f"{env}:{ {'malformed': 3, 'unterminated': 1}.get(kind, 2)}: "
     assert proc.stderr.startswith(f"shoprld: {where}"), proc.stderr
     assert CANARY not in proc.stdout + proc.stderr and CANARY2 not in proc.stdout + proc.stderr
+
+
+# -- fuzzing .env files (issue 15): a clean load, or one line naming the file; never a canary ------------
+_HEX = "0123456789abcdef"
+# Canaries hold characters no well-formed key has ('@', '%'), so an error that quotes a key never quotes one.
+_canaries = st.text(_HEX, min_size=10, max_size=10).map(lambda h: f"cn@{h}%")
+_keys = st.one_of(
+    st.sampled_from(["WANDB_API_KEY", "BAILIAN_API_KEY", "HF_TOKEN", "MY_SECRET", "DB_PASSWORD", "DEBUG", "LEVEL"]),
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True))
+_chars = st.characters(blacklist_categories=("Cs",))
+_values = st.one_of(_canaries, st.text(_chars, max_size=12), st.text("ab #'\"\\=$ \t", max_size=10),
+                    st.tuples(st.text(_chars, max_size=4), _canaries).map("".join))
+
+
+@st.composite
+def _assignment(draw: st.DrawFn) -> str:
+    key, value = draw(_keys), draw(_values)
+    quote = draw(st.sampled_from(["", "", "'", '"', "'open", '"open']))
+    if quote in ("'", '"'):
+        value = f"{quote}{value}{quote}"
+    elif quote:
+        value = quote[0] + value
+    export = draw(st.sampled_from(["", "export "]))
+    eq = draw(st.sampled_from(["=", " = ", "= "]))
+    tail = draw(st.sampled_from(["", " # a comment", " junk"]))
+    return f"{export}{key}{eq}{value}{tail}"
+
+
+_lines = st.one_of(
+    _assignment(), _assignment(), st.just(""),
+    _canaries.map(lambda c: f"# old key: {c}"),
+    st.tuples(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="=\r\n"), min_size=1,
+                      max_size=15), st.sampled_from(["", " "]), _canaries | st.just("")).map("".join),
+)
+_env_files = st.tuples(st.lists(_lines, max_size=8), st.sampled_from(["\n", "\r\n"]), st.booleans()).map(
+    lambda t: (t[1].join(t[0]) + (t[1] if t[2] else "")).encode())
+
+
+def _canaries_in(data: bytes) -> set[str]:
+    import re
+
+    return set(re.findall(r"cn@[0-9a-f]{10}%", data.decode("utf-8", errors="replace")))
+
+
+def _judge_load(env: Path, data: bytes, extra_keys: Iterable[str] = ()) -> str | None:
+    """Load ``data`` as ``env``: None for a clean load (every secret value masked), else the one-line error."""
+    env.write_bytes(data)
+    try:
+        loaded = load_secrets(env, extra_keys=extra_keys)
+    except ConfigError as exc:
+        msg = str(exc)
+        assert msg.startswith(f"{env}") and "\n" not in msg, msg
+        assert not any(c in msg for c in _canaries_in(data)), msg
+        return msg
+    for k, v in loaded.values.items():
+        if v and secrets_mod.is_secret_key(k, extra_keys):
+            assert len(v) >= secrets_mod.MIN_SECRET_LEN and v not in loaded.redact(f"x{v}x"), k
+    return None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_env_files)
+def test_any_env_file_loads_cleanly_or_fails_in_one_line_naming_the_file(tmp_path: Path, data: bytes) -> None:
+    """Generated .env files (keys, values, quotes, comments, garbage, canaries): a clean load with every
+    secret masked, or one ConfigError line that starts with the file and quotes no canary."""
+    _judge_load(tmp_path / ".env", data, ["CUSTOM"])
+
+
+def _fuzz_check(tmp_path: Path, data: bytes) -> None:
+    c = tmp_path / "c.toml"
+    if not c.exists():
+        campaign(tmp_path)
+    env = tmp_path / "repo" / ".env"
+    expected = _judge_load(env, data, ["WANDB_API_KEY", "BAILIAN_API_KEY"])
+    proc = _check(c)
+    out = proc.stdout + proc.stderr
+    assert not any(cn in out for cn in _canaries_in(data)), out
+    if expected is None:
+        assert proc.stderr == "" and proc.returncode in (0, 3), proc.stderr
+    else:
+        assert proc.returncode == 3 and proc.stderr == f"shoprld: {expected}\n", proc.stderr
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_env_files)
+def test_check_on_generated_env_files_says_ready_or_one_line_with_exit_3(tmp_path: Path, data: bytes) -> None:
+    """`shoprld check` on generated .env files: stderr empty (exit 0 or 3 with NOT READY), or exactly the
+    loader's one line with exit 3; no canary in stdout or stderr, no dotenv warning."""
+    _fuzz_check(tmp_path, data)
+
+
+@pytest.mark.slow
+@seed(15)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_env_files)
+def test_check_on_generated_env_files_many(tmp_path: Path, data: bytes) -> None:
+    """The same, many more examples, with a fixed seed (slow suite)."""
+    _fuzz_check(tmp_path, data)
