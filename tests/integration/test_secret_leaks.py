@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,7 @@ def test_a_failure_message_built_from_child_output_is_redacted_everywhere_it_is_
     assert hits == [], hits
     assert "401 invalid key ***" in (state / "state.json").read_text()
     assert "401 invalid key ***" in texts["status --json"]
+    # The demo made its state dir 0755; the daemon closed it, and every file in it, to its user.
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in state.iterdir() if p.is_file()}
+    assert {"state.json", "journal.jsonl", "status.json"} <= set(modes) and set(modes.values()) == {0o600}, modes
