@@ -49,11 +49,11 @@ from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
 from .layout import Layout
 from .machine import ADVANCE, ROUND_STATES, Machine, State
-from .notify import Notifier, status_line
+from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
-from .store import SOCKET_FILE, STATUS_FILE, Store, atomic_write_json, replace_json
+from .store import SOCKET_FILE, Store, atomic_write_json
 
 MODULES: dict[State, ModuleType] = {
     State.PREFLIGHT_DISK: preflight_disk,
@@ -137,7 +137,9 @@ class Engine:
         self.launcher: Launcher = _TaggingLauncher(self._raw_launcher, str(layout.state_dir))
         self.wait_for_space = wait_for_space
         self._transport = transport
-        self.store = Store(layout.state_dir)
+        # The one Redactor every persisted or sent text passes through, whoever built it.
+        self.redactor = secrets.redactor
+        self.store = Store(layout.state_dir, redactor=self.redactor)
         self.machine = Machine()
         self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
         self.children: dict[str, Child] = {}
@@ -159,7 +161,7 @@ class Engine:
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
         self.demo_dir = demo_dir()
-        self.notifier = Notifier()
+        self.notifier = Notifier(redactor=self.redactor)
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
@@ -295,7 +297,7 @@ class Engine:
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
         self._journal("stage.outcome", sync=False, state=state.value, attempt=attempt, kind=outcome.kind,
-                      message=self.secrets.redact(outcome.message))
+                      message=outcome.message)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
@@ -738,7 +740,7 @@ class Engine:
         async def handler(request: dict[str, Any]) -> dict[str, Any]:
             cmd = request.get("cmd")
             if cmd == "status":
-                return {"ok": True, "status": self._status_doc()}
+                return {"ok": True, "status": self.redactor.obj(self._status_doc())}
             if cmd == "stop":
                 mode = request.get("mode", "now")
                 if mode not in ("now", "checkpoint", "round"):
@@ -776,7 +778,7 @@ class Engine:
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
         self._persist()
         _maybe_die(dst, "enter", self.round)
-        self.notifier.status(status_line(self.snap))
+        self.notifier.status_of(self.snap)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
         if dst is State.TRAIN and src is State.START_SHOPSIM or dst is State.DONE and src is State.START_SHOPSIM:
@@ -831,7 +833,7 @@ class Engine:
         self._last_status_write = now
         doc = self._status_doc()
         try:
-            replace_json(self.layout.state_dir / STATUS_FILE, doc)
+            self.store.write_status(doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
 
@@ -844,7 +846,7 @@ class Engine:
                 left = self.cfg.campaign.steps_per_round - self.snap["step"]
                 self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self._write_status()
-            self.notifier.status(status_line(self.snap))
+            self.notifier.status_of(self.snap)
         elif event == "train.stall":
             self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self._journal("train.stall", **fields)

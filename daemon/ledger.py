@@ -12,7 +12,9 @@ after recording a round and records it again on restart never duplicates the row
 
 Every write rewrites the whole file atomically (temp file, fsync, replace, fsync the dir),
 so a crash leaves the old ledger or the new one, never half a row. Values are sanitized
-(tabs and newlines become spaces) and go through an optional ``redact`` callable (secrets).
+(tabs and newlines become spaces) and are redacted: by the ``redact`` callable the ledger
+was given, else by the process's installed Redactor (``secrets.install``), so no row
+reaches the repo unmasked whoever built it.
 
 Overflow: past ``max_bytes`` (1 MiB) the full TSV moves to ``<overflow_dir>/<name>.tsv``
 (under the campaign root on the volume) and the repo file becomes a pointer plus a summary,
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ShoprldError
+from .secrets import installed
 from .store import atomic_write
 
 COLUMNS = (
@@ -162,8 +165,8 @@ class Ledger:
     # -- writing ----------------------------------------------------------------------
     def _clean(self, row: Mapping[str, Any]) -> dict[str, str]:
         full = make_row(**row)
-        if self.redact is not None:
-            full = {c: sanitize(self.redact(v)) for c, v in full.items()}
+        redact = self.redact or installed().text
+        full = {c: sanitize(redact(v)) for c, v in full.items()}
         if not full["index"].strip():
             raise ValueError("ledger: the row has no index (the round's 0-based index)")
         if full["status"] not in STATUSES:

@@ -14,21 +14,19 @@ from typing import Any, TextIO
 
 import structlog
 
-from .secrets import Secrets
-
-_secrets = Secrets()
+from .secrets import Secrets, install, installed
 
 
 def _redact_value(value: Any) -> Any:
     if isinstance(value, str):
-        return _secrets.redact(value)
+        return installed().text(value)
     if isinstance(value, dict):
         return {k: _redact_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_redact_value(v) for v in value)
     if isinstance(value, (int, float, bool)) or value is None:
         return value
-    return _secrets.redact(str(value))
+    return installed().text(str(value))
 
 
 def redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -37,9 +35,9 @@ def redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> di
 
 
 def set_secrets(secrets: Secrets) -> None:
-    """Register the values to redact from now on."""
-    global _secrets
-    _secrets = secrets
+    """Register the values to redact from now on: installs their Redactor for the whole
+    process (logs, and every writer that was not handed one), so there is one."""
+    install(secrets.redactor)
 
 
 class _RedactingStream:
@@ -49,7 +47,7 @@ class _RedactingStream:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        return self._stream.write(_secrets.redact(text))
+        return self._stream.write(installed().text(text))
 
     def flush(self) -> None:
         self._stream.flush()

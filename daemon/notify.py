@@ -6,7 +6,9 @@ systemd (``Type=notify``) reads ``READY=1`` once preflight and START_SHOPSIM pas
 ``EXTEND_TIMEOUT_USEC=`` while a graceful stop waits for a save. See sd_notify(3).
 
 Notification is best effort: :meth:`Notifier.send` never raises, because a missing or
-broken notify socket must not take a training campaign down (it logs at debug).
+broken notify socket must not take a training campaign down (it logs at debug). Every
+datagram passes through the Redactor (the given one, else the process's): a STATUS= line
+quotes the last error, which may quote a child's output.
 
 In the engine::
 
@@ -26,6 +28,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from .secrets import Redactor, installed
+
 # systemd shows STATUS= on one line; keep it readable in `systemctl status`.
 MAX_STATUS_LEN = 200
 
@@ -33,11 +37,12 @@ MAX_STATUS_LEN = 200
 class Notifier:
     """Talks to systemd when run under ``Type=notify``; a silent no-op otherwise."""
 
-    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, environ: Mapping[str, str] = os.environ, *, redactor: Redactor | None = None) -> None:
         addr = environ.get("NOTIFY_SOCKET", "")
         # A leading "@" names a socket in the abstract namespace (a leading NUL byte).
         self.address: str | None = ("\0" + addr[1:] if addr.startswith("@") else addr) or None
         self._environ = environ
+        self._redactor = redactor
         self._sock: socket.socket | None = None
 
     @property
@@ -51,12 +56,13 @@ class Notifier:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(lines).encode(), self.address)
+            redactor = self._redactor or installed()
+            self._sock.sendto(redactor.text("\n".join(lines)).encode(), self.address)
             return True
         except OSError as exc:
             import structlog  # lazy: only on failure; the daemon has it imported anyway
 
-            structlog.get_logger("shoprld.notify").debug("notify.failed", error=str(exc), lines=list(lines))
+            structlog.get_logger("shoprld.notify").debug("notify.failed", error=str(exc), lines=len(lines))
             return False
 
     def close(self) -> None:
@@ -68,7 +74,12 @@ class Notifier:
         return self.send("READY=1", *([f"STATUS={status}"] if status else []))
 
     def status(self, text: str) -> bool:
-        return self.send("STATUS=" + " ".join(text.split())[:MAX_STATUS_LEN])
+        # Redact before cutting: a secret cut in two would no longer match.
+        return self.send("STATUS=" + " ".join((self._redactor or installed()).text(text).split())[:MAX_STATUS_LEN])
+
+    def status_of(self, snap: Mapping[str, Any]) -> bool:
+        """STATUS= :func:`status_line` of ``snap``, redacted before the line is built and cut."""
+        return self.status(status_line((self._redactor or installed()).obj(dict(snap))))
 
     def watchdog(self) -> bool:
         return self.send("WATCHDOG=1")

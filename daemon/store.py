@@ -9,6 +9,12 @@ warning event; when both are gone, the disk alone decides (``Store.load`` return
 Write order for a transition: journal line (fsync), then state.json (temp, fsync, replace,
 fsync dir). A crash between the two leaves a journal that is ahead of state.json, and the
 rebuild prefers the newer of the two.
+
+Every write here (journal, state.json, status.json) passes through the store's
+:class:`~.secrets.Redactor`, whatever built the text: a failure message quoting a child's
+"401 invalid key <key>" is masked on its way to disk, not by each caller (issue 15). The
+state dir is 0700 and its files 0600; :meth:`Store.acquire_lock` tightens a dir that an
+older version, ``shoprld demo`` or systemd's StateDirectory= left more open.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LockError
+from .secrets import Redactor, installed
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -32,6 +39,18 @@ LOCK_FILE = "lock"
 PID_FILE = "daemon.pid"
 STATUS_FILE = "status.json"
 SOCKET_FILE = "control.sock"
+# Only the daemon's user reads the state (it holds failure messages, paths, pids); the
+# ledger in the repo is the one record meant for others.
+STATE_DIR_MODE = 0o700
+STATE_FILE_MODE = 0o600
+
+
+def _no_looser(fd: int, mode: int) -> None:
+    """A stale temp file keeps its old mode through O_CREAT: drop any bit ``mode`` lacks
+    (only drop: the umask may have asked for less than ``mode``)."""
+    have = os.fstat(fd).st_mode & 0o777
+    if have & ~mode:
+        os.fchmod(fd, have & mode)
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
@@ -42,6 +61,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        _no_looser(fd, mode)
         os.write(fd, data)
         os.fsync(fd)
     finally:
@@ -62,11 +82,16 @@ def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644) -> None:
     atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode=mode)
 
 
-def replace_json(path: Path, obj: Any) -> None:
+def replace_json(path: Path, obj: Any, *, mode: int = STATE_FILE_MODE) -> None:
     """Atomic (readers never see a torn file) but not durable: for display caches such as
     status.json, which the next persist rewrites anyway. Saves two fsyncs per transition."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        _no_looser(fd, mode)
+        os.write(fd, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -82,10 +107,30 @@ class Loaded:
 class Store:
     """Owns everything the daemon writes into its state dir."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, redactor: Redactor | None = None) -> None:
         self.dir = state_dir
+        self._redactor = redactor
         self._lock_fd: int | None = None
         self._journal_fd: int | None = None
+
+    @property
+    def redactor(self) -> Redactor:
+        """The one this store was given, else the process's (:func:`~.secrets.install`)."""
+        return self._redactor or installed()
+
+    def tighten(self) -> None:
+        """Make the dir 0700 and its regular files 0600 (only what this user owns)."""
+        me = os.geteuid()
+        try:
+            st = os.stat(self.dir)
+            if st.st_uid == me and st.st_mode & 0o777 != STATE_DIR_MODE:
+                os.chmod(self.dir, STATE_DIR_MODE)
+            for entry in os.scandir(self.dir):
+                est = entry.stat(follow_symlinks=False)
+                if entry.is_file(follow_symlinks=False) and est.st_uid == me and est.st_mode & 0o777 != STATE_FILE_MODE:
+                    os.chmod(entry.path, STATE_FILE_MODE)
+        except OSError:
+            pass  # another user's dir, or a read-only one: preflight says so, not this
 
     # -- lock ------------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -94,8 +139,8 @@ class Store:
         The pid of the holder is written into the lock file, so a second daemon can say
         who holds it. The kernel drops the lock when the holder dies (even SIGKILL).
         """
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, STATE_FILE_MODE)
         # `shoprld status` takes a shared lock for a moment to test liveness: retry briefly,
         # so a status call at the instant a daemon starts cannot make it exit 3.
         deadline = time.monotonic() + 0.3
@@ -120,7 +165,8 @@ class Store:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
-        atomic_write(self.dir / PID_FILE, f"{os.getpid()}\n".encode())
+        self.tighten()
+        atomic_write(self.dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=STATE_FILE_MODE)
 
     def release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -139,7 +185,7 @@ class Store:
         is in the page cache)."""
         if self._journal_fd is None:
             self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        line = json.dumps({"t": time.time(), **record}, sort_keys=True) + "\n"
+        line = json.dumps({"t": time.time(), **self.redactor.obj(record)}, sort_keys=True) + "\n"
         os.write(self._journal_fd, line.encode())
         if sync:
             os.fsync(self._journal_fd)
@@ -161,7 +207,13 @@ class Store:
 
     # -- state -------------------------------------------------------------------
     def save(self, state: dict[str, Any]) -> None:
-        atomic_write_json(self.dir / STATE_FILE, {**state, "schema": SCHEMA_VERSION}, mode=0o600)
+        """state.json, redacted, atomically and durably."""
+        atomic_write_json(self.dir / STATE_FILE, {**self.redactor.obj(state), "schema": SCHEMA_VERSION},
+                          mode=STATE_FILE_MODE)
+
+    def write_status(self, doc: dict[str, Any]) -> None:
+        """status.json, redacted: atomic, not durable (the next persist rewrites it)."""
+        replace_json(self.dir / STATUS_FILE, self.redactor.obj(doc))
 
     def load(self) -> Loaded | None:
         """state.json, else the journal's last snapshot, else None (the disk decides)."""
