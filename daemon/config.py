@@ -201,6 +201,13 @@ class GpuSection(_Model):
     tp_size: int = Field(default=1, ge=1)
     # The arch the stage envs (TE, apex) were built for ("80": the memo's A800); check warns on others.
     build_sm: Annotated[str, BeforeValidator(lambda v: v if isinstance(v, str) else str(v))] = ""
+    # GPU hygiene before a GPU stage (trainer, val server; daemon/gpus.py): how long to wait for
+    # the visible GPUs to hold no process left by an earlier stage, the TERM -> KILL grace for
+    # the stragglers that are ours, and how to look (auto: NVML, else nvidia-smi, else nothing).
+    free_timeout: Duration = 120.0
+    straggler_grace: Duration = 10.0
+    probe: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
+    nvidia_smi: str = "nvidia-smi"
 
     @field_validator("build_sm")
     @classmethod

@@ -854,6 +854,8 @@ class Engine:
         elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
                        "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use"):
             self._journal(event, **fields)
+        elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
+            self._journal(event, **fields)
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
 

@@ -33,6 +33,7 @@ import anyio
 import httpx
 
 from . import checkpoints as ckpt
+from . import gpus
 from .processes import Child, wait_port_free
 from .store import atomic_write, replace_json
 
@@ -283,6 +284,8 @@ class ValServerService:
             if cfg.reuse_server:
                 return await self._swap_weights(ctx)
             await self.stop(ctx)
+        if problem := await gpus.ensure_free(ctx, "val server"):  # no straggler of an earlier stage
+            return problem
         host, port = _host_port(cfg.url, 30000)
         if not await wait_port_free(host, port, timeout=min(60.0, cfg.ready_timeout)):
             return f"{host}:{port} is still in use; the val server cannot start there"

@@ -41,6 +41,8 @@ ballast = "256MiB"              # released at the hard limit so the last writes 
 [gpus]
 visible = [0, 1, 2, 3]          # CUDA_VISIBLE_DEVICES (default: the first 4)
 tp_size = 2                     # NUM_GPUS must be divisible by it
+# free_timeout = "120s"         # before the trainer / val server: wait out stragglers of earlier stages
+# probe = "auto"                # NVML (pip install 'shoprld[gpu]'), else nvidia-smi, else none
 
 [shopsim]
 command = ["bash", "start.sh"]

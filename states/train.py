@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 
 from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon import gpus
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 
@@ -65,6 +66,9 @@ async def run(ctx: RoundContext) -> Outcome:
         # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
         # look legitimate.
         problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
+        if problem:
+            return Outcome.retry(problem)
+        problem = await gpus.ensure_free(ctx, "trainer")  # no straggler of an earlier stage on the GPUs
         if problem:
             return Outcome.retry(problem)
     sidecar = await _start_sidecar(ctx)
