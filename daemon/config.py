@@ -304,7 +304,10 @@ class TrainSection(ProcessSpec):
 
 class SidecarSection(ProcessSpec):
     enabled: bool = True
-    drain_timeout: Duration = 300.0
+    # The real watch-analyze has no forced exit: on stop it waits for every in-flight analysis,
+    # each a live ShopSim audit of up to 20 LLM turns with a 300 s timeout per turn
+    # (shopsimrl-tools.md 3.1), two at a time. 20 x 300 s = 6000 s, plus margin.
+    drain_timeout: Duration = 7200.0
 
 
 class ExportSection(ProcessSpec):

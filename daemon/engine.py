@@ -797,7 +797,9 @@ class Engine:
 
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         self.seq += 1
-        rec = {"event": event, "seq": self.seq, "round": self.round, **fields}
+        # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
+        # a TRAIN event); a stage's own events name their state explicitly.
+        rec = {"event": event, "seq": self.seq, "round": self.round, "state": self.machine.state.value, **fields}
         if event == "transition":
             rec["snapshot"] = self._state_doc()
         self.store.append(rec, sync=sync)
@@ -816,11 +818,16 @@ class Engine:
 
     def _status_doc(self) -> dict[str, Any]:
         shop = {"url": self.cfg.shopsim.url, "healthy": self.shopsim.healthy, "free_slots": self.shopsim.free_slots,
+                "environment_slots": self.shopsim.environment_slots,
                 "slots": self.cfg.shopsim.slots, "checked_at": self.shopsim.checked_at}
         children = [{"role": c.record.role, "pid": c.pid, "started_at": c.record.started_at, "log": c.record.log}
                     for c in self.children.values()]
         deadline = self.state_data.get("deadline")
         warnings = [*self.snap.get("warnings", []), *self.hygiene_warnings]
+        served = self.shopsim.environment_slots
+        if served is not None and served != self.cfg.shopsim.slots:
+            warnings.append(f"shopsim at {self.cfg.shopsim.url} has {served} slots but shopsim.slots = "
+                            f"{self.cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
         return {**self.snap, "warnings": warnings, "shopsim": shop, "children": children, "deadline": deadline,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
@@ -852,12 +859,16 @@ class Engine:
             self._journal("train.stall", **fields)
             self._write_status(force=True)
         elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
-                       "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use"):
+                       "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use", "shopsim.ready",
+                       "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
+                       "shopsim.restart_failed", "sidecar.drain_timeout", "sidecar.stopped_for_recovery"):
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
+            if fields.get("role") == "shopsim":
+                self._write_status(force=True)
 
     def _step_from_disk(self) -> int:
         scan = ckpt.scan(self.layout.save_dir)

@@ -2,10 +2,20 @@
 
 ShopSim is started once, adopted when it already answers ``ready`` (never started twice),
 and supervised for the whole campaign: when it dies it is restarted with backoff, and the
-event is logged. Its leases never expire, so after a client crash slots stay taken and the
-next ``reset`` would block forever; :meth:`ShopsimService.recover_leaks` notices
-(``free_slots`` short while none of the campaign's clients runs) and restarts it, the one
-sure recovery (``release_all`` can leave ghost waiters' slots taken).
+event is logged. The supervisor also reads ``/healthz`` at a bounded interval, so ``status``
+shows the live ``free_slots`` and ``environment_slots``. No stage starts a ShopSim client (the
+trainer, the sidecar, val, analyze, the gate) before :meth:`ShopsimService.wait_ready` has seen
+it answer ``ready`` (the real service refuses connections until every slot is built).
+
+Its leases never expire, so after a client crash slots stay taken and the next ``reset``
+would block forever; :meth:`ShopsimService.recover_leaks` notices (``free_slots`` short while
+none of the campaign's clients runs) and sends ``release_all``. A reset whose client gave up
+stays queued on the server (a ghost waiter) and takes a slot at that ``release_all``; a second
+one frees it. If slots are still short, ShopSim is restarted when it is ours; an adopted one
+fails the campaign with a line that says what to do.
+
+The real ``start.sh`` ``cd``s into its checkout and the service appends every request to
+``shop_agent.log`` there: like ``runs/``, that name is made a symlink into ``$EXP_DIR/logs``.
 
 ShopSim also vouches for checkpoints. A rollout that ran while ShopSim was dead scores only
 some of its groups, and the trainer (like slime, which aborts only after 8 unscored groups in
@@ -34,6 +44,7 @@ import httpx
 
 from . import checkpoints as ckpt
 from . import gpus
+from .errors import StageFailed
 from .processes import Child, wait_port_free
 from .store import atomic_write, replace_json
 
@@ -60,6 +71,10 @@ def _host_port(url: str, default: int) -> tuple[str, int]:
 
 # The campaign's ShopSim clients: while one runs, leased slots are legitimate.
 CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
+# The supervisor's /healthz refresh (status shows free_slots and environment_slots).
+HEALTH_INTERVAL = 5.0
+# The file the real service appends every request to, in its cwd (start.sh cds into shop_env).
+SERVICE_LOG = "shop_agent.log"
 
 
 class ShopsimService:
@@ -69,6 +84,7 @@ class ShopsimService:
         self.child: Child | None = None
         self.healthy: bool | None = None
         self.free_slots: int | None = None
+        self.environment_slots: int | None = None  # as the service reports it
         self.checked_at: float | None = None
         self.restarts = 0
         self.external = False  # healthy before we started anything: not ours to stop
@@ -77,6 +93,8 @@ class ShopsimService:
         self._witnessed: object = object()  # the last iteration written (a sentinel at first)
         # ShopSim died since the witness was written (maybe under a previous daemon): freeze it.
         self._outage = bool((_read_witness(witness) or {}).get("outage"))
+        # One start or restart at a time: the supervisor and a stage may both want one.
+        self._lock = anyio.Lock()
 
     async def health(self, ctx: RoundContext) -> dict[str, Any] | None:
         cfg = ctx.cfg.shopsim
@@ -84,8 +102,44 @@ class ShopsimService:
         result = body.get("result", body) if isinstance(body, dict) else None
         ok = status == 200 and isinstance(result, dict) and bool(result.get("ready"))
         self.healthy, self.checked_at = ok, ctx.clock.time()
-        self.free_slots = result.get("free_slots") if isinstance(result, dict) else None
+        self.free_slots = _int(result.get("free_slots")) if ok else None
+        self.environment_slots = _int(result.get("environment_slots")) if ok else self.environment_slots
         return result if ok else None
+
+    async def release_all(self, ctx: RoundContext) -> bool:
+        """``POST /api/shop_agent {"action": "release_all"}``: every slot free, every lease stale.
+        True when the service answered 200."""
+        url = ctx.cfg.shopsim.url.rstrip("/") + "/api/shop_agent"
+        try:
+            r = await ctx.http.post(url, json={"action": "release_all"}, timeout=10.0)
+        except (httpx.HTTPError, OSError):
+            return False
+        return r.status_code == 200
+
+    async def wait_ready(self, ctx: RoundContext, *, before: str) -> str | None:
+        """A bounded wait (``shopsim.start_timeout``) until ShopSim answers ``ready``; called
+        before every trainer, val and gate start, so no stage runs against a dead or restarting
+        service. A ShopSim of ours that nobody is restarting is started here. None once ready."""
+        cfg = ctx.cfg.shopsim
+        deadline = ctx.clock.monotonic() + cfg.start_timeout
+        waited = False
+        while True:
+            restarting = self._lock.locked()
+            dead = self.child is not None and not self.child.alive()
+            if not restarting and not dead and await self.health(ctx) is not None:
+                if waited:
+                    ctx.emit("shopsim.waited", before=before, free_slots=self.free_slots)
+                return None
+            if not restarting and not dead and self.child is None and not self.external and cfg.manage \
+                    and cfg.command:
+                problem = await self.ensure_ready(ctx, settle=False)  # nobody restarts it: we do
+                if problem is None:
+                    continue
+            if ctx.clock.monotonic() >= deadline:
+                return (f"shopsim at {cfg.url} did not answer ready {before} within {cfg.start_timeout:.0f}s "
+                        "(shopsim.start_timeout); a stage never starts against a dead or restarting ShopSim")
+            waited = True
+            await anyio.sleep(0.2)
 
     def vouch(self, ctx: RoundContext) -> None:
         """While our ShopSim child is alive: every checkpoint the tracker names now was trained
@@ -153,6 +207,10 @@ class ShopsimService:
     async def ensure_ready(self, ctx: RoundContext, *, settle: bool = True) -> str | None:
         """None once ready; else a one-line problem (the stage retries). ``settle``: at start-up,
         a ShopSim of ours that is gone died unwatched (or was stopped; then nothing is undone)."""
+        async with self._lock:
+            return await self._ensure_ready(ctx, settle=settle)
+
+    async def _ensure_ready(self, ctx: RoundContext, *, settle: bool) -> str | None:
         cfg = ctx.cfg.shopsim
         if self.child is None:
             self.child = ctx.find_child("shopsim")
@@ -171,6 +229,7 @@ class ShopsimService:
             host, port = _host_port(cfg.url, 5700)
             if not await wait_port_free(host, port, timeout=min(30.0, cfg.start_timeout)):
                 return f"{host}:{port} is held by something that is not a ready ShopSim; free the port"
+            _redirect_service_log(ctx)
             self.child = await ctx.start("shopsim", cfg.command, cfg, state="SHOPSIM")
         deadline = ctx.clock.monotonic() + cfg.start_timeout
         while ctx.clock.monotonic() < deadline:
@@ -195,29 +254,54 @@ class ShopsimService:
         self.healthy = None
 
     async def restart(self, ctx: RoundContext, why: str) -> str | None:
-        self.restarts += 1
-        ctx.emit("shopsim.restart", reason=why, restarts=self.restarts)
-        if self.external:
-            return f"shopsim at {ctx.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
-        await self.stop(ctx)
-        await anyio.sleep(min(30.0, ctx.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
-        return await self.ensure_ready(ctx, settle=False)
+        async with self._lock:
+            self.restarts += 1
+            ctx.emit("shopsim.restart", reason=why, restarts=self.restarts)
+            if self.external:
+                return f"shopsim at {ctx.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
+            await self.stop(ctx)
+            await anyio.sleep(min(30.0, ctx.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
+            return await self._ensure_ready(ctx, settle=False)
 
     async def recover_leaks(self, ctx: RoundContext, *, reason: str) -> str | None:
-        """Slots still leased while no client of ours runs are leaks: restart ShopSim."""
+        """Slots still leased while no client of ours runs are leaks: ``release_all`` (twice if a
+        ghost waiter took a slot at the first), then a restart of a ShopSim of ours. None once
+        every slot is free (or a client of ours runs, whose leases are legitimate); else a
+        one-line problem (the stage retries). An adopted ShopSim that stays short raises
+        :class:`StageFailed`: it is not ours to restart, and retrying cannot fix it."""
         if any(ctx.find_child(r) is not None for r in CLIENT_ROLES):
             return None
-        health = await self.health(ctx)
-        if health is None:
-            return await self.restart(ctx, f"not healthy {reason}")
-        free, slots = health.get("free_slots"), health.get("environment_slots", ctx.cfg.shopsim.slots)
-        if not isinstance(free, int) or not isinstance(slots, int) or free >= slots:
+        problem = await self.wait_ready(ctx, before=reason)
+        if problem:
+            return problem
+        cfg = ctx.cfg.shopsim
+        free, slots = self.free_slots, self.environment_slots
+        if free is None or slots is None or free >= slots:
             return None
         ctx.emit("shopsim.lease_leak", free_slots=free, slots=slots, reason=reason)
-        return await self.restart(ctx, f"{slots - free} leaked leases {reason}")
+        for attempt in (1, 2):  # the second frees what ghost waiters took at the first
+            sent = await self.release_all(ctx)
+            health = await self.health(ctx)
+            ctx.emit("shopsim.release_all", attempt=attempt, answered=sent, free_slots=self.free_slots,
+                     slots=self.environment_slots)
+            if health is not None and self.free_slots is not None and self.environment_slots is not None \
+                    and self.free_slots >= self.environment_slots:
+                ctx.emit("shopsim.leaks_recovered", how="release_all", attempts=attempt)
+                return None
+        short = f"{(self.environment_slots or slots) - (self.free_slots or 0)} of {self.environment_slots or slots}"
+        if self.external:
+            raise StageFailed(
+                f"shopsim at {cfg.url} (adopted: shoprld did not start it) still has {short} slots leased "
+                f"{reason} after two release_all, while no client of this campaign runs; another client "
+                f"holds them or queued resets wait there: stop those clients or restart ShopSim by hand, "
+                f"then run shoprld again")
+        return await self.restart(ctx, f"{short} slots still leased after two release_all {reason}")
 
-    async def supervise(self, ctx_factory: Any, interval: float = 1.0) -> None:
-        """Restart ShopSim with backoff whenever the child we started dies."""
+    async def supervise(self, ctx_factory: Any, interval: float = 1.0,
+                        health_interval: float = HEALTH_INTERVAL) -> None:
+        """Restart ShopSim with backoff whenever the child we started dies; refresh the health
+        (``free_slots``, ``environment_slots``) every ``health_interval`` seconds for ``status``."""
+        last_health = -float("inf")
         while True:
             await anyio.sleep(interval)
             child = self.child
@@ -225,6 +309,11 @@ class ShopsimService:
                 return
             ctx = ctx_factory()
             self.vouch(ctx)
+            now = ctx.clock.monotonic()
+            if not self._lock.locked() and now - last_health >= health_interval:
+                last_health = now
+                await self.health(ctx)
+                child = self.child
             if child is not None and not child.alive():
                 ctx.emit("shopsim.died", pid=child.pid, returncode=child.returncode)
                 self.mark_outage()
@@ -240,6 +329,48 @@ class ShopsimService:
                 problem = await self.restart(ctx, "died")
                 if problem:
                     ctx.emit("shopsim.restart_failed", problem=problem)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def service_dir(ctx: RoundContext) -> Path | None:
+    """The directory the service runs in (and writes ``shop_agent.log`` to): the directory of a
+    ``start.sh`` in the command (it ``cd``s there), else ``shopsim.cwd``."""
+    cfg = ctx.cfg.shopsim
+    for arg in ctx.argv(cfg.command):
+        if Path(arg).name == "start.sh":
+            return Path(arg).resolve().parent
+    return cfg.cwd
+
+
+def _redirect_service_log(ctx: RoundContext) -> None:
+    """Make ``<service dir>/shop_agent.log`` a symlink to ``$EXP_DIR/logs/shop_agent.log`` (as
+    ``runs/`` is redirected), so the request log never grows inside the checkout. A real file
+    already there is moved next to the target first. Best effort: a read-only checkout is
+    logged, not fatal."""
+    import os
+    import shutil
+
+    where = service_dir(ctx)
+    if where is None or not where.is_dir():
+        return
+    link = where / SERVICE_LOG
+    target = ctx.layout.logs / SERVICE_LOG
+    try:
+        if link.is_symlink():
+            if Path(os.readlink(link)) == target:
+                return
+            link.unlink()
+        elif link.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(link), str(target.with_name(f"{SERVICE_LOG}.moved-{int(ctx.clock.time())}")))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        ctx.emit("shopsim.log_redirected", link=str(link), target=str(target))
+    except OSError as exc:
+        ctx.emit("shopsim.log_redirect_failed", link=str(link), error=str(exc))
 
 
 def _read_witness(path: Path | None) -> dict[str, Any] | None:

@@ -399,9 +399,16 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     healthy = shop.get("healthy")
     health: Part = (("healthy", "green") if healthy is True else ("UNHEALTHY", "bold red") if healthy is False
                     else ("not checked yet", "dim"))
-    slots = f", {shop.get('free_slots')}/{shop.get('slots')} slots free" if shop.get("free_slots") is not None else ""
+    # The service's own slot count (environment_slots) when it reported one, else the config's.
+    served = shop.get("environment_slots") if shop.get("environment_slots") is not None else shop.get("slots")
+    slots = f", {shop.get('free_slots')}/{served} slots free" if shop.get("free_slots") is not None else ""
     checked = f" (checked {_ago(shop.get('checked_at'), now)})" if _num(shop.get("checked_at")) else ""
-    kv("shopsim", (f"{shop.get('url') or '?'}  ", ""), health, (slots, ""), (checked, "dim"))
+    mismatch: Part = ("", "")
+    if isinstance(shop.get("environment_slots"), int) and isinstance(shop.get("slots"), int) \
+            and shop["environment_slots"] != shop["slots"]:
+        mismatch = (f"  WARNING: the service has {shop['environment_slots']} slots, the config says "
+                    f"shopsim.slots = {shop['slots']}", "bold yellow")
+    kv("shopsim", (f"{shop.get('url') or '?'}  ", ""), health, (slots, ""), (checked, "dim"), mismatch)
 
     # children
     kids = _dicts(st.get("children"))

@@ -41,6 +41,9 @@ async def run(ctx: RoundContext) -> Outcome:
     if cfg.analyze_command:
         await ctx.await_child("analyze", cfg.timeout)  # started by VAL (overlap), or left running
         if not (analysis_dir / "analysis_summary.json").is_file():
+            problem = await ctx.shopsim.recover_leaks(ctx, reason="before analyze")
+            if problem:
+                return Outcome.retry(problem)
             await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
                                secrets=cfg.analyze_secrets or cfg.secrets)
     analysis = read_json(analysis_dir / "analysis_summary.json") if cfg.analyze_command else {"status": "skipped"}
@@ -57,6 +60,11 @@ async def run(ctx: RoundContext) -> Outcome:
         if problem:
             return Outcome.retry(problem)
         ctx.archive(gate_dir, "left by an interrupted attempt")  # start fresh (frozen weights)
+        # A killed val or analyze leaves its leases behind; and never start against a dead ShopSim.
+        problem = await ctx.shopsim.recover_leaks(ctx, reason="before the gate") \
+            or await ctx.shopsim.wait_ready(ctx, before="before the gate")
+        if problem:
+            return Outcome.retry(problem)
         server, restarts = ctx.val_server.child, ctx.shopsim.restarts
         await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
         if ctx.val_server.child is not server or server is None or not server.alive() \

@@ -64,8 +64,20 @@ async def run(ctx: RoundContext) -> Outcome:
         await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
         # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
-        # look legitimate.
+        # look legitimate. An earlier attempt's sidecar may still run: stop it (a fresh one
+        # starts below and analyses what is pending), so leaks are judged and recovered now.
+        stale = ctx.find_child("sidecar")
+        if stale is not None:
+            ctx.emit("sidecar.stopped_for_recovery", pid=stale.pid)
+            await stale.stop(cfg.sidecar.grace)
+            ctx.unregister_child(stale)
         problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
+        if problem:
+            return Outcome.retry(problem)
+    if trainer is None:
+        # Never (re)launch against a dead or restarting ShopSim (e.g. the supervisor is still
+        # restarting the one that died in this TRAIN): its rollouts would go unscored.
+        problem = await ctx.shopsim.wait_ready(ctx, before="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
         problem = await gpus.ensure_free(ctx, "trainer")  # no straggler of an earlier stage on the GPUs
@@ -131,12 +143,17 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
         child = await ctx.start("sidecar", ctx.cfg.sidecar.command, ctx.cfg.sidecar, state=STATE)
     with anyio.move_on_after(ctx.cfg.sidecar.drain_timeout):
         await child.wait()
-    if child.alive():
+    forced = child.alive()
+    if forced:
         ctx.emit("sidecar.drain_timeout", pid=child.pid, timeout_s=ctx.cfg.sidecar.drain_timeout)
         await child.stop(ctx.cfg.sidecar.grace)
     ctx.unregister_child(child)
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
+    if forced:  # each analysis it was running held a ShopSim lease that nobody will release
+        problem = await ctx.shopsim.recover_leaks(ctx, reason="after the sidecar was stopped")
+        if problem:
+            ctx.emit("shopsim.recovery_deferred", problem=problem, note="retried before the bare val")
 
 
 def _repair_tracker(ctx: RoundContext) -> None:

@@ -77,6 +77,9 @@ async def run(ctx: RoundContext) -> Outcome:
             and ctx.find_child("analyze") is None:
         await ctx.start("analyze", gate.analyze_command, gate, state="ANALYZE",
                         secrets=gate.analyze_secrets or gate.secrets)
+    problem = await ctx.shopsim.wait_ready(ctx, before="before the bare val")
+    if problem:
+        return Outcome.retry(problem)
     await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
     summary = read_json(_run_dir(ctx) / "summary.json")
     if _covered(ctx, summary):
