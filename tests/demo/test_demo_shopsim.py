@@ -296,3 +296,81 @@ def test_a_client_that_gives_up_leaves_a_ghost_waiter(procs: Procs) -> None:
     wait_until(lambda: http("GET", url + "/healthz")[1]["free_slots"] == 0, timeout=5, what="ghost takes the slot")
     time.sleep(0.2)
     assert http("GET", url + "/healthz")[1]["free_slots"] == 0
+
+
+# ---------------------------------------------------------------- the client side (_common.ShopClient)
+
+import _common as c  # noqa: E402 - conftest puts run/demo on sys.path
+import shopsim as standin  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=10)
+
+
+def test_the_client_plays_real_episodes_and_releases_each_lease_once(procs: Procs) -> None:
+    """ShopClient draws task ids from /healthz, plays search -> asin -> options -> buy now, and frees every slot."""
+    _, url = start_shopsim(procs, slots=2)
+    client = c.ShopClient(url, 10)
+    ids = client.task_ids()
+    assert ids == list(range(len(catalog_tasks())))
+    results = [client.play(t, f"k{t}", 1.0) for t in ids[:8]]
+    assert all(r["done"] for r in results)
+    assert any(r["termination_reason"] == "purchase" and r["actions"][-1] == "click[buy now]" for r in results)
+    assert any(r["reward"] > 0 for r in results)
+    assert all(isinstance(r["reward"], float) for r in results)
+    assert http("GET", url + "/healthz")[1]["free_slots"] == 2
+
+
+def test_a_release_all_mid_episode_loses_the_episode_with_409_not_a_crash(procs: Procs) -> None:
+    """A stale lease (release_all by a recovery) raises ShopError 409 from play; the final release_one 409 is swallowed."""
+    _, url = start_shopsim(procs, slots=1)
+    client = c.ShopClient(url, 10)
+
+    def recover(lease: dict) -> tuple[str, float]:
+        shop(url, {"action": "release_all"})
+        return "k", 1.0
+
+    with pytest.raises(c.ShopError) as err:
+        client.play(0, "k", 1.0, on_reset=recover)
+    assert err.value.status == 409
+    assert http("GET", url + "/healthz")[1]["free_slots"] == 1
+
+
+def test_an_unknown_task_is_a_500_shop_error_and_the_slot_stays_free(procs: Procs) -> None:
+    """A task id the catalog lacks: ShopError with the real 500 message; no slot is held."""
+    _, url = start_shopsim(procs, slots=1)
+    with pytest.raises(c.ShopError) as err:
+        c.ShopClient(url, 10).play(10_000, "k", 1.0)
+    assert err.value.status == 500 and err.value.error == "'unknown or inactive task_id 10000'"
+    assert http("GET", url + "/healthz")[1]["free_slots"] == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), JSON, max_size=6))
+def test_numeric_components_never_float_a_non_number(detail: dict) -> None:
+    """Any reward_detail value type is accepted; only ints and floats (not bools) come out, as floats."""
+    out = c.numeric_components(detail)
+    assert set(out) <= set(detail)
+    for key, value in out.items():
+        assert isinstance(value, float) and not isinstance(detail[key], bool)
+
+
+def test_numeric_components_of_the_real_purchase_detail() -> None:
+    """The real 17-key detail: str, bool, None and dict entries are skipped; r_success (int) is kept."""
+    detail = {"reward_version": "v2", "termination_reason": "purchase", "category_match": True, "title_score": 1.0,
+              "num_attr_matches": 2, "r_strict": 0.0, "r_success": 1, "price_upper": None,
+              "price_resolution": {"status": "pass"}, "target_asin_match": True}
+    assert c.numeric_components(detail) == {"title_score": 1.0, "num_attr_matches": 2.0, "r_strict": 0.0, "r_success": 1.0}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=40))
+def test_parse_action_classifies_any_response(text: str) -> None:
+    """Any model response is either one search/click with an argument, or refused with a real reason."""
+    shown, verb, arg, fb = standin.parse_action(text)
+    if fb is None:
+        assert verb in ("search", "click") and arg
+    else:
+        assert fb["valid"] is False and fb["reason"] in {"invalid_format", "empty_argument", "multiple_actions_not_allowed"}
