@@ -1,7 +1,8 @@
 """Shared pure helpers of the demo stand-ins (stdlib only, imported by each script).
 
 Nothing here talks to a network or starts a process, except `http_json`, the small
-client the stand-ins use to call each other. Contents:
+client the stand-ins use to call each other, and `ShopClient`, the ShopSim episode client of
+the trainer, val and gate stand-ins. Contents:
 
 - crash-consistent writes: `write_fsync`, `atomic_write_bytes`, `atomic_write_json`;
 - canonical JSON and `fingerprint` (sha256 of canonical JSON), for reproducible files;
@@ -22,7 +23,7 @@ import re
 import struct
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA_JSON = {
@@ -431,3 +432,147 @@ def http_json(method: str, url: str, payload: Any = None, timeout: float = 30.0,
         return status, json.loads(body) if body else None
     except json.JSONDecodeError:
         return status, None
+
+
+# ---------------------------------------------------------------- ShopSim episodes (trainer, val, gate)
+
+class ShopError(RuntimeError):
+    """A ShopSim answer that is not a result: HTTP status (None: no answer) and its error."""
+
+    def __init__(self, action: str, status: int | None, error: Any):
+        super().__init__(f"ShopSim {action} -> HTTP {status}: {error}")
+        self.action, self.status, self.error = action, status, error
+
+
+def numeric_components(detail: Any) -> dict[str, float]:
+    """The numeric entries of a `reward_detail` (ints and floats, not bools).
+
+    The real detail also holds strings, booleans, None and a dict (`price_resolution`):
+    those are skipped, never passed to float().
+    """
+    if not isinstance(detail, dict):
+        return {}
+    return {k: float(v) for k, v in detail.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+
+
+class ShopClient:
+    """The HTTP client of the ShopSim API, as the real runtime uses it (reset -> interact* ->
+    terminate unless done -> release_one once).
+
+    Per the contract (`../shared/contracts/README.md`): every answer is `{"result": ...}`; an
+    error is `{"result": {"error"}}`, even with HTTP 200 ("No JSON data provided"); 409 means
+    the lease is stale (released, or `release_all` ran), so the episode is lost; a 409 on the
+    final `release_one` means the slot is not ours any more and is not an error.
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def call(self, payload: dict[str, Any]) -> dict[str, Any]:
+        action = str(payload.get("action"))
+        try:
+            status, body = http_json("POST", self.url + "/api/shop_agent", payload, timeout=self.timeout)
+        except OSError as exc:
+            raise ShopError(action, None, f"unreachable at {self.url} ({exc})") from None
+        result = body.get("result") if isinstance(body, dict) else None
+        if status != 200 or not isinstance(result, dict) or "error" in result:
+            raise ShopError(action, status, result.get("error") if isinstance(result, dict) else body)
+        return result
+
+    def health(self) -> dict[str, Any]:
+        try:
+            status, body = http_json("GET", self.url + "/healthz", timeout=self.timeout)
+        except OSError as exc:
+            raise ShopError("healthz", None, f"unreachable at {self.url} ({exc})") from None
+        if status != 200 or not isinstance(body, dict):
+            raise ShopError("healthz", status, body)
+        return body
+
+    def task_ids(self) -> list[int]:
+        """The service's task ids: 0 .. `/healthz` `tasks` - 1 (the real catalog numbers its tasks so)."""
+        tasks = self.health().get("tasks")
+        if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+            raise ShopError("healthz", 200, f"no usable 'tasks' count in /healthz ({tasks!r})")
+        return list(range(tasks))
+
+    def release(self, slot: int, lease_id: str) -> bool:
+        """release_one, once. False when the lease was already stale (409)."""
+        try:
+            self.call({"action": "release_one", "env_idx": slot, "lease_id": lease_id})
+        except ShopError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def play(self, task_id: int, key: str, skill: float, max_actions: int = 12,
+             on_reset: Callable[[dict[str, Any]], tuple[str, float]] | None = None) -> dict[str, Any]:
+        """One episode of task `task_id` with the scripted `policy_action`; returns the final answer's
+        `done`, `reward`, `reward_detail`, `termination_reason` and the actions played.
+
+        `on_reset(reset answer)` may replace (key, skill), e.g. from a model's generation.
+        """
+        lease = self.call({"action": "reset", "idx": task_id})
+        slot, lease_id = lease["env_idx"], lease["lease_id"]
+        instruction = str(lease.get("task_instruction", ""))
+        state = lease.get("observation_state") or {}
+        played: list[str] = []
+        final: dict[str, Any] | None = None
+        try:
+            if on_reset is not None:
+                key, skill = on_reset(lease)
+            for step in range(max_actions):
+                action = policy_action(instruction, state, key, step, skill)
+                if action is None:
+                    break
+                played.append(action)
+                answer = self.call({"action": "interact", "env_idx": slot, "lease_id": lease_id,
+                                    "response": f"Action: {action}"})
+                state = answer.get("observation_state") or {}
+                if answer.get("done"):
+                    final = answer
+                    break
+            if final is None:
+                final = self.call({"action": "terminate", "env_idx": slot, "lease_id": lease_id,
+                                   "termination_reason": "action_limit"})
+        finally:
+            self.release(slot, lease_id)
+        reward = final.get("reward")
+        return {"done": bool(final.get("done")),
+                "reward": float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else 0.0,
+                "reward_detail": final.get("reward_detail") if isinstance(final.get("reward_detail"), dict) else {},
+                "termination_reason": final.get("termination_reason"), "actions": played}
+
+
+def policy_action(instruction: str, state: dict[str, Any], key: str, step: int, skill: float) -> str | None:
+    """A scripted shopper: search the instruction, open a result, choose every option, buy.
+
+    `skill` in [0, 1] is how often it takes the best-looking choice (the first result, an option
+    value named in the instruction); the other choices are deterministic in (`key`, `step`).
+    None means give up (the caller terminates the episode).
+    """
+    page = state.get("page_type")
+    roll = unit("policy", key, step)
+    if page == "search_home":
+        query = " ".join(re.findall(r"[\u4e00-\u9fff]+|[A-Za-z0-9]+", instruction)[:6]) or "商品"
+        return f"search[{query}]"
+    if page == "search_results":
+        asins = [a for a in state.get("actions") or [] if a not in ("back to search", "< prev", "next >")]
+        if not asins:
+            return None
+        pick = 0 if roll < skill else int(unit("pick", key, step) * len(asins))
+        return f"click[{asins[pick]}]"
+    if page == "product_detail":
+        missing = state.get("missing_option_axes") or []
+        if not missing:
+            return "click[buy now]"
+        axis = missing[0]
+        values = (state.get("available_options") or {}).get(axis) or []
+        if not values:
+            return None
+        named = [v for v in values if v in instruction]
+        value = named[0] if named and roll < skill else values[int(unit("option", key, step) * len(values))]
+        return f"click[{axis}={value}]"
+    return None

@@ -465,35 +465,28 @@ class Servers:
             raise c.DemoError(f"val server at {self.val_url} has no model loaded (HTTP {status})")
         return body
 
-    def shop(self, payload: dict[str, Any]) -> dict[str, Any]:
-        status, body = c.http_json("POST", self.shop_url + "/api/shop_agent", payload, timeout=self.shop_timeout)
-        result = body.get("result") if isinstance(body, dict) else None
-        if status != 200 or not isinstance(result, dict):
-            raise RuntimeError(f"ShopSim {payload['action']} HTTP {status}: {(result or {}).get('error')}")
-        return result
-
     def episode(self, task_id: int, prompt_extra: str) -> dict[str, Any]:
-        lease = self.shop({"action": "reset", "idx": task_id})
-        slot, lease_id = lease["env_idx"], lease["lease_id"]
-        try:
+        def generate(lease: dict[str, Any]) -> tuple[str, float]:
+            # One generation per episode; the scripted shopper plays it (its key and skill come
+            # from the generated text, so rewards depend on the served weights).
             prompt = f"{prompt_extra}{lease['task_instruction']}\n{lease['observation']}"
             status, gen = c.http_json("POST", self.val_url + "/generate",
                                       {"text": prompt, "sampling_params": {"temperature": 0.6, "max_new_tokens": 4096}},
                                       timeout=self.model_timeout)
             if status != 200 or not isinstance(gen, dict) or "text" not in gen:
                 raise RuntimeError(f"generate HTTP {status}")
-            step = self.shop({"action": "interact", "env_idx": slot, "lease_id": lease_id, "response": gen["text"]})
-            final = step if step.get("done") else self.shop({"action": "terminate", "env_idx": slot, "lease_id": lease_id})
-            return {"done": True, "reward": final["reward"], "reward_detail": final["reward_detail"],
-                    "termination_reason": final.get("termination_reason", "environment_done"), "action": gen["text"]}
-        finally:
-            self.shop({"action": "release_one", "env_idx": slot, "lease_id": lease_id})
+            return str(gen["text"]), 0.3 + 0.6 * c.unit("skill", gen["text"])
+
+        out = c.ShopClient(self.shop_url, self.shop_timeout).play(task_id, "", 0.0, on_reset=generate)
+        return {"done": True, "reward": out["reward"], "reward_detail": out["reward_detail"],
+                "termination_reason": out["termination_reason"], "action": out["actions"][-1] if out["actions"] else ""}
 
 
-def val_task_ids(seed: int, n: int) -> list[int]:
-    if not 1 <= n <= 500:
-        raise c.DemoError(f"tasks.sample_size must be in [1, 500] (the demo val split), got {n}", 2)
-    return sorted(random.Random(seed).sample(range(500, 1000), n))
+def val_task_ids(seed: int, n: int | None, ids: list[int]) -> list[int]:
+    """`n` of the service's task ids (all of them when `n` is None or not smaller)."""
+    if n is not None and n < 1:
+        raise c.DemoError(f"tasks.sample_size must be >= 1, got {n}", 2)
+    return list(ids) if n is None or n >= len(ids) else sorted(random.Random(seed).sample(ids, n))
 
 
 def mean_sem(values: list[float]) -> tuple[float | None, float | None]:
@@ -513,9 +506,12 @@ def val_setup(cfg_path: str) -> tuple[dict[str, Any], Servers, list[int]]:
         n = int(cfg.get("tasks", {}).get("sample_size") or 40)
         val_url = cfg.get("val_url") or str(model["base_url"]).rstrip("/").removesuffix("/v1")
         servers = Servers(env["base_url"], val_url, float(env.get("timeout", 30)), float(model.get("timeout", 180)))
-        tasks = val_task_ids(int(exp["seed"]), n)
     except (KeyError, TypeError, ValueError) as exc:
         raise c.DemoError(f"{cfg_path}: malformed val config ({exc})", 2) from None
+    try:  # the ids the service serves (its /healthz `tasks`), not a fixed range
+        tasks = val_task_ids(int(exp["seed"]), n, c.ShopClient(env["base_url"], 10).task_ids())
+    except c.ShopError as exc:
+        raise c.DemoError(f"{cfg_path}: cannot list ShopSim's tasks: {exc}") from None
     return cfg, servers, tasks
 
 
@@ -589,8 +585,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     reward_mean, reward_sem = mean_sem(rewards)
     components: dict[str, list[float]] = {}
     for f in finals:
-        for k, v in sorted((f.get("reward_detail") or {}).items()):
-            components.setdefault(k, []).append(float(v))
+        for k, v in sorted(c.numeric_components(f.get("reward_detail")).items()):  # real values include str/bool/None/dict
+            components.setdefault(k, []).append(v)
     failed = [e for e in eids if e not in completed]
     summary = {
         "schema_version": "shopsimrl-eval-summary-v2", "experiment": exp["name"],

@@ -170,29 +170,23 @@ class Rollouts:
         self.seed = int(cfg.get("seed") or seed)
         self.fraction = c.env_float("DEMO_TRIAGE_FRACTION", 0.25)
         self.failed_in_a_row = 0
-
-    def shop(self, payload: dict[str, Any]) -> dict[str, Any]:
-        status, body = c.http_json("POST", self.url + "/api/shop_agent", payload, timeout=self.timeout)
-        result = (body or {}).get("result") if isinstance(body, dict) else None
-        if status != 200 or not isinstance(result, dict):
-            err = result.get("error") if isinstance(result, dict) else body
-            raise RuntimeError(f"ShopSim {payload.get('action')} -> HTTP {status}: {err}")
-        return result
+        self.client = c.ShopClient(self.url, self.timeout)
+        self.task_ids: list[int] | None = None
 
     def episode(self, group: int, leak: bool) -> dict[str, Any]:
-        task = int(c.unit("train-task", self.seed, self.round_id, group) * 500)  # train split: 0..499
-        lease = self.shop({"action": "reset", "idx": task})
-        slot, lease_id = lease["env_idx"], lease["lease_id"]
+        # Task ids come from the service (its /healthz `tasks`), never a fixed range: a real
+        # ShopSimulator serves only its catalog's ids.
+        if self.task_ids is None:
+            self.task_ids = self.client.task_ids()
+        task = self.task_ids[int(c.unit("train-task", self.seed, self.round_id, group) * len(self.task_ids))]
         if leak:
-            return {"group": group, "task_id": task, "leaked": {"env_idx": slot, "lease_id": lease_id}}
-        try:
-            action = f"click[item-{hashlib.sha256(f'{self.seed}:{group}'.encode()).hexdigest()[:8]}]"
-            step = self.shop({"action": "interact", "env_idx": slot, "lease_id": lease_id, "response": f"Action: {action}"})
-            final = self.shop({"action": "terminate", "env_idx": slot, "lease_id": lease_id})
-            return {"group": group, "task_id": task, "action": action, "done": step["done"],
-                    "reward": final["reward"], "reward_detail": final["reward_detail"]}
-        finally:
-            self.shop({"action": "release_one", "env_idx": slot, "lease_id": lease_id})
+            lease = self.client.call({"action": "reset", "idx": task})
+            return {"group": group, "task_id": task, "leaked": {"env_idx": lease["env_idx"], "lease_id": lease["lease_id"]}}
+        skill = min(0.9, 0.4 + 0.002 * group)  # the demo policy "learns": better choices as groups go by
+        out = self.client.play(task, f"train:{self.seed}:{self.round_id}:{group}", skill)
+        return {"group": group, "task_id": task, "action": out["actions"][-1] if out["actions"] else None,
+                "actions": out["actions"], "done": out["done"], "reward": out["reward"],
+                "reward_detail": out["reward_detail"], "termination_reason": out["termination_reason"]}
 
     def run(self, rollout_id: int, leak: bool) -> list[dict[str, Any]]:
         groups = [rollout_id * self.concurrency + k for k in range(self.concurrency)]
