@@ -29,7 +29,25 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     from .preflight import real_stack_problems
 
     problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
+    gpu_problem, _ = _gpu_count(cfg)
+    if gpu_problem:
+        problems.append(gpu_problem)
     return problems
+
+
+def _gpu_count(cfg: Config) -> tuple[str | None, str]:
+    """(blocking line, note) for gpus.visible against ``nvidia-smi -L`` (skipped with a note when
+    the recipe looks at no GPU, ``gpus.probe = "none"``, as the demo's stand-ins do)."""
+    from .disk import PreflightProblem
+    from .envinfo import gpu_count_check
+
+    if cfg.gpus.probe == "none":
+        return None, 'GPU count not checked (gpus.probe = "none")'
+    problem, note = gpu_count_check(cfg.gpus.visible, smi=cfg.gpus.nvidia_smi)
+    if problem is None:
+        return None, note or ""
+    fix = "list only GPUs this machine has in gpus.visible (and keep tp_size dividing their number)"
+    return PreflightProblem(problem, f"{cfg.source}:gpus.visible", fix).line(), problem
 
 
 def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = False) -> int:
@@ -73,6 +91,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     gpu = gpu_report(cfg.gpus.build_sm or None, cfg.gpus.visible)
     shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
     out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
+    out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
     for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
         out(f"  WARNING: {w}\n")
     if print_commands:

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a whole campaign on the built-in demo stack")
     p.add_argument("--dir", metavar="D", help="where to put the demo tree (default: a new temp dir)")
     p.add_argument("--fast", action="store_true", help="shortest step times (for tests)")
+    p.add_argument("--no-run", action="store_true",
+                   help="write the demo tree and stop, so its campaign.toml can be edited first")
     p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
 
     p = sub.add_parser("status", help="where the campaign stands (works with or without the daemon)")
@@ -164,7 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds)
+    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds,
+                    no_run=args.no_run)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -87,19 +87,32 @@ def _git_init(repo: Path) -> None:
         pass  # no git: the ledger's commit columns stay empty
 
 
-def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rounds: int | None = None) -> int:
+def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rounds: int | None = None,
+             no_run: bool = False) -> int:
+    """Create (or resume) the demo tree in ``where`` and run its campaign.
+
+    With ``no_run`` the tree is written (or left as it is, when it exists) and nothing runs, so
+    the campaign file can be edited first (e.g. its ``[shopsim]`` pointed at a real
+    ShopSimulator, see run/demo/README.md); ``shoprld demo --dir D`` or ``shoprld run -c
+    D/campaign.toml`` runs it afterwards.
+    """
     root = (where or Path(tempfile.mkdtemp(prefix="shoprld-demo-"))).resolve()
     campaign = root / "campaign.toml"
     if campaign.exists():
-        print(f"shoprld demo: resuming the demo campaign in {root}")
+        print(f"shoprld demo: {'the demo tree already exists' if no_run else 'resuming the demo campaign'} "
+              f"in {root}")
     else:
         root.mkdir(parents=True, exist_ok=True)
         create_tree(root, fast=fast, rounds=rounds)
-        print(f"shoprld demo: new demo campaign in {root}")
+        print(f"shoprld demo: new demo {'tree' if no_run else 'campaign'} in {root}")
     print(f"  campaign file  {campaign}")
     print(f"  repo (ledger)  {root / 'repo'}")
     print(f"  volume         {root / 'ephemeral'}")
     print(f"  state dir      {root / 'state'}")
+    if no_run:
+        print(f"  check it       shoprld check -c {campaign}")
+        print(f"  run it         shoprld demo --dir {root}   (or: shoprld run -c {campaign})")
+        return 0
     print(f"  watch it       shoprld status --watch -c {campaign}")
     print(f"  stop it        shoprld stop -c {campaign}   (or Ctrl-C; rerun to resume)")
     sys.stdout.flush()

@@ -121,12 +121,19 @@ class EnvVersions:
 def probe(python: str, *, conda_prefix: str | None = None, env: Mapping[str, str] | None = None,
           timeout: float = 20.0, stages: Sequence[str] = ()) -> EnvVersions:
     """Run the probe in ``python`` (through conda activation when ``conda_prefix`` is set)."""
+    base = EnvVersions(python, conda_prefix, tuple(stages))
     argv = [python, "-c", _PROBE]
+    own: Path | None = None
     if conda_prefix:
         from .condaenv import activation_argv
 
-        argv = activation_argv(Path(conda_prefix), argv)
-    base = EnvVersions(python, conda_prefix, tuple(stages))
+        # The env's own interpreter, by its path: a bare name would fall back to the host's
+        # python through PATH when the env has none, and report the host's versions as the env's.
+        own = Path(conda_prefix) / "bin" / Path(python).name
+        if not own.is_file():
+            return _with(base, error=f"no {Path(python).name} in the conda env ({own}); fix: check "
+                                     "conda_prefix, or create the env")
+        argv = activation_argv(Path(conda_prefix), [str(own), "-c", _PROBE])
     try:
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                              env=dict(env) if env is not None else None)
@@ -145,7 +152,22 @@ def probe(python: str, *, conda_prefix: str | None = None, env: Mapping[str, str
     except ValueError:
         return _with(base, error="probe printed garbage")
     versions = {t: str(raw.get(t)) if raw.get(t) else ABSENT for t in TOOLS}
-    return _with(base, versions=versions, executable=str(raw.get("executable", "")))
+    executable = str(raw.get("executable", ""))
+    if own is not None and not _inside(executable, Path(conda_prefix or "")):
+        return _with(base, executable=executable,
+                     error=f"{own} runs {executable or '?'}, outside the conda env: its versions would be "
+                           "the host's; fix: recreate the env's python")
+    return _with(base, versions=versions, executable=executable)
+
+
+def _inside(executable: str, prefix: Path) -> bool:
+    """Whether ``executable`` lies in ``prefix`` (as named, or after resolving links)."""
+    if not executable:
+        return False
+    for exe, root in ((Path(executable), prefix), (Path(executable).resolve(), prefix.resolve())):
+        if exe == root or root in exe.parents:
+            return True
+    return False
 
 
 def _with(v: EnvVersions, **changes: Any) -> EnvVersions:
@@ -168,6 +190,12 @@ def _interpreter(template: Sequence[str]) -> str | None:
     return None
 
 
+def _python_name(template: Sequence[str]) -> str:
+    """The interpreter name a conda stage runs (``python3``), else ``python``."""
+    first = Path(template[0]).name if template else ""
+    return first if _PYTHON_NAME.match(first) else "python"
+
+
 def stage_interpreters(cfg: Config) -> list[tuple[str, str | None, list[str]]]:
     """(python, conda_prefix, stage names) for every distinct stage interpreter, in stage order."""
     specs: list[tuple[str, Any, Sequence[str]]] = [
@@ -183,7 +211,8 @@ def stage_interpreters(cfg: Config) -> list[tuple[str, str | None, list[str]]]:
     out: dict[tuple[str, str | None], list[str]] = {}
     for name, spec, template in specs:
         prefix = str(spec.conda_prefix) if spec.conda_prefix else None
-        python = "python" if prefix else _interpreter(template)
+        # In a conda env the stage's own interpreter name (the recipe's python3), found in the env.
+        python = _python_name(template) if prefix else _interpreter(template)
         if python is None and prefix is None:
             continue
         out.setdefault((python or "python", prefix), []).append(name)
@@ -288,6 +317,50 @@ def gpu_report(expected_sm: str | int | None, visible: Sequence[int] | None = No
         "problem": problem,
         "warnings": arch_warnings(expected_sm, gpus, visible),
     }
+
+
+_SMI_L = re.compile(r"^GPU (\d+):")
+
+
+def list_gpu_indices(smi: str = "nvidia-smi", *, timeout: float = 10.0,
+                     runner: Runner = subprocess.run) -> tuple[list[int] | None, str | None]:
+    """The GPU indices ``nvidia-smi -L`` lists (``GPU 0: NVIDIA H200 (UUID: ...)``), or
+    (None, why) when it cannot be asked: then the count is not checked (a box without a driver)."""
+    try:
+        res = runner([smi, "-L"], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return None, f"{smi} not found: the GPU count was not checked"
+    except subprocess.TimeoutExpired:
+        return None, f"{smi} -L timed out after {timeout:g}s: the GPU count was not checked"
+    except OSError as exc:
+        return None, f"{smi}: {exc.strerror or exc}: the GPU count was not checked"
+    if res.returncode != 0:
+        tail = ((res.stderr or res.stdout).strip().splitlines() or ["no output"])[-1]
+        return None, f"{smi} -L failed ({tail[:200]}): the GPU count was not checked"
+    found = [int(m.group(1)) for ln in res.stdout.splitlines() if (m := _SMI_L.match(ln.strip()))]
+    return sorted(set(found)), None
+
+
+def gpu_count_check(visible: Sequence[int], *, smi: str = "nvidia-smi",
+                    runner: Runner = subprocess.run) -> tuple[str | None, str | None]:
+    """(problem, note) for ``gpus.visible`` against the GPUs this machine has.
+
+    Upstream's loop refuses to start unless ``nvidia-smi -L`` sees at least NUM_GPUS GPUs;
+    here every id in ``gpus.visible`` must be one the machine lists (``CUDA_VISIBLE_DEVICES``
+    naming an absent GPU fails only when the trainer starts). A machine with more GPUs than
+    listed is fine (a note), as upstream allows. No ``nvidia-smi``: a note, no problem.
+    """
+    have, why = list_gpu_indices(smi, runner=runner)
+    if have is None:
+        return None, why
+    missing = [i for i in visible if i not in have]
+    listed = ",".join(str(i) for i in have) or "none"
+    if missing:
+        return (f"gpus.visible names {len(visible)} GPU(s) {list(visible)}, but `{smi} -L` lists "
+                f"{len(have)} on this machine (GPU {listed}); GPU {','.join(map(str, missing))} is absent"), None
+    extra = len(have) - len(visible)
+    return None, (f"{len(visible)} of the machine's {len(have)} GPUs in use (gpus.visible)" if extra > 0 else
+                  f"{len(visible)} GPU(s), as `{smi} -L` lists")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,155 @@
+"""``shoprld check`` against the machine: the GPU count (``nvidia-smi -L``, as upstream's loop
+does) and each conda env's own interpreter (never the host's python through PATH)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoprld.daemon.envinfo import gpu_count_check, list_gpu_indices, probe, stage_interpreters
+from shoprld.daemon.config import load_config
+
+
+def _smi(bin_dir: Path, gpus: int) -> Path:
+    """A stand-in nvidia-smi that answers ``-L`` the way the real one does."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08x}-0000-0000-0000-000000000000)'\n"
+                    for i in range(gpus))
+    smi.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\n{lines}")
+    smi.chmod(0o755)
+    return smi
+
+
+def _campaign(tmp_path: Path, gpus: str = "") -> Path:
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    (tmp_path / "repo" / ".env").write_text("WANDB_API_KEY=not-a-real-key-0000000000\n")
+    p = tmp_path / "c.toml"
+    p.write_text(f"""
+[campaign]
+name = "gpuc"
+experiment = "exp1"
+rounds = 1
+steps_per_round = 2
+[storage]
+repo = "repo"
+ephemeral_root = "eph"
+[train]
+command = ["{{python}}", "t.py"]
+[gpus]
+visible = [0, 1, 2, 3]
+tp_size = 2
+{gpus}
+""")
+    return p
+
+
+def _check(campaign: Path, smi_dir: Path | None) -> subprocess.CompletedProcess[str]:
+    path = f"{smi_dir}:/usr/bin:/bin" if smi_dir else "/usr/bin:/bin"
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path, "HOME": str(campaign.parent / "home")})
+
+
+def test_check_refuses_gpus_the_machine_does_not_have(tmp_path: Path) -> None:
+    """Four GPUs in gpus.visible on a one-GPU machine: NOT READY (exit 3) with one line naming the
+    config key, what nvidia-smi -L lists and the fix."""
+    _smi(tmp_path / "bin", 1)
+    res = _check(_campaign(tmp_path), tmp_path / "bin")
+    assert res.returncode == 3, res.stdout + res.stderr
+    want = (f"gpus.visible names 4 GPU(s) [0, 1, 2, 3], but `nvidia-smi -L` lists 1 on this machine (GPU 0); "
+            f"GPU 1,2,3 is absent: {tmp_path / 'c.toml'}:gpus.visible (list only GPUs this machine has")
+    assert want in res.stdout, res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_check_accepts_the_gpus_the_machine_has(tmp_path: Path) -> None:
+    """Four listed, four present: no GPU problem; eight present: a note that 4 of 8 are in use."""
+    campaign = _campaign(tmp_path)
+    _smi(tmp_path / "four", 4)
+    res = _check(campaign, tmp_path / "four")
+    assert "gpus.visible names" not in res.stdout and "GPU count: 4 GPU(s), as `nvidia-smi -L` lists" in res.stdout
+    _smi(tmp_path / "eight", 8)
+    res = _check(campaign, tmp_path / "eight")
+    assert "gpus.visible names" not in res.stdout and "GPU count: 4 of the machine's 8 GPUs in use" in res.stdout
+
+
+def test_check_skips_the_gpu_count_without_nvidia_smi_or_for_the_demo(tmp_path: Path) -> None:
+    """No nvidia-smi (a CPU box): a note, not a refusal. gpus.probe = "none" (the demo's stand-ins,
+    which use no GPU): not checked even where nvidia-smi lists fewer GPUs."""
+    res = _check(_campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"'), None)
+    assert "GPU count: nvidia-smi-absent-here not found: the GPU count was not checked" in res.stdout
+    assert "gpus.visible names" not in res.stdout
+    _smi(tmp_path / "bin", 1)
+    (tmp_path / "demo").mkdir()
+    res = _check(_campaign(tmp_path / "demo", 'probe = "none"'), tmp_path / "bin")
+    assert 'GPU count not checked (gpus.probe = "none")' in res.stdout and "gpus.visible names" not in res.stdout
+
+
+def test_a_failing_nvidia_smi_is_a_note_not_a_crash(tmp_path: Path) -> None:
+    """A driver error from nvidia-smi -L skips the count with its last line."""
+    bad = tmp_path / "nvidia-smi"
+    bad.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    bad.chmod(0o755)
+    problem, note = gpu_count_check((0,), smi=str(bad))
+    assert problem is None and note is not None and "could not communicate" in note and "not checked" in note
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=300))
+def test_nvidia_smi_l_output_never_crashes_the_parser(text: str) -> None:
+    """Whatever nvidia-smi prints, the parser returns indices it read from `GPU <n>:` lines only."""
+    def runner(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    got, why = list_gpu_indices(runner=runner)
+    assert why is None and got is not None
+    assert all(isinstance(i, int) and f"GPU {i}:" in text for i in got)
+
+
+# -- each conda env's own interpreter ------------------------------------------------------------
+
+
+def test_a_conda_env_without_its_python_is_reported_not_read_from_the_host(tmp_path: Path) -> None:
+    """A prefix whose bin/ has no python3: an error naming the path, not the host's versions
+    (through activation, PATH would have found the host's python3)."""
+    prefix = tmp_path / "envs" / "slime"
+    (prefix / "bin").mkdir(parents=True)
+    got = probe("python3", conda_prefix=str(prefix))
+    assert got.error == (f"no python3 in the conda env ({prefix / 'bin' / 'python3'}); fix: check conda_prefix, "
+                         "or create the env")
+    assert got.versions == {}
+
+
+def test_the_probe_runs_the_envs_own_python(tmp_path: Path) -> None:
+    """A real env (a venv as the prefix): the probe's sys.executable is the env's own python3."""
+    prefix = tmp_path / "envs" / "shopsim"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=60)
+    got = probe("python3", conda_prefix=str(prefix))
+    assert got.error is None, got.error
+    assert Path(got.executable).parent == prefix / "bin"
+
+
+def test_an_env_python_that_runs_the_hosts_is_refused(tmp_path: Path) -> None:
+    """An env whose python3 is a wrapper that execs the host's interpreter: the versions would be the
+    host's, so the probe says so instead of reporting them."""
+    prefix = tmp_path / "envs" / "broken"
+    (prefix / "bin").mkdir(parents=True)
+    wrapper = prefix / "bin" / "python3"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    got = probe("python3", conda_prefix=str(prefix))
+    assert got.error is not None and "outside the conda env" in got.error and got.versions == {}
+
+
+def test_conda_stages_are_probed_with_the_interpreter_name_they_run() -> None:
+    """The slime recipe's stages run python3 in their env; the probe asks for that name."""
+    run = Path(__file__).resolve().parents[2] / "run"
+    got = {(py, prefix) for py, prefix, _ in stage_interpreters(load_config(run / "slime-4xa800.toml"))}
+    assert ("python3", "/root/miniconda3/envs/slime") in got
