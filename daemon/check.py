@@ -29,6 +29,10 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     from .preflight import real_stack_problems
 
     problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
+    from .commands import ANALYST_CONFIG, analyst_config_mismatches
+
+    # The analyst's config is a file of the project, there before any round: judge it now.
+    problems.extend(analyst_config_mismatches(cfg, layout.project_root / ANALYST_CONFIG))
     gpu_problem, _ = _gpu_count(cfg)
     if gpu_problem:
         problems.append(gpu_problem)

@@ -9,7 +9,8 @@ gate is complete.
 
 Two checks live here too, because they read the same resolved values:
 
-- :func:`port_mismatches`: the ShopSimRL emitter hard-codes ``127.0.0.1:5700`` and
+- :func:`port_mismatches`: the ShopSimRL emitter (and the analyst's own config, named by
+  analysis.yaml, see :func:`analyst_config_mismatches`) hard-code ``127.0.0.1:5700`` and
   ``127.0.0.1:30000`` (and the two concurrencies) in the round YAMLs, so a recipe that moves
   a port breaks the loop silently. TRAIN should call it right after ``train.emit_command``
   and fail the round with its lines (see the lead's diff for ``states/train.py``).
@@ -275,7 +276,7 @@ def _mini_yaml(text: str) -> dict[str, Any]:
 def _load_config_file(path: Path) -> dict[str, Any] | None:
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError:
+    except (OSError, UnicodeDecodeError):  # a directory, unreadable, or not text: unreadable as a config
         return None
     try:
         data = json.loads(text)
@@ -348,6 +349,51 @@ def port_mismatches(cfg: Config, loop_dir: Path) -> list[str]:
                                f"{cfg.shopsim.episode_concurrency}; fix: make them agree")
                 elif low[-2:] == ["experiment", "concurrency"] and value != cfg.val.concurrency:
                     out.append(f"{f}: {key}: {value} != val.concurrency = {cfg.val.concurrency}; fix: make them agree")
+        if isinstance(data, dict) and f.stem == "analysis":
+            ref = (data.get("online_analysis") or {}).get("trace2skill_config") \
+                if isinstance(data.get("online_analysis"), dict) else None
+            if isinstance(ref, str) and ref:
+                out.extend(analyst_config_mismatches(cfg, Path(ref), referenced_by=f"{f}: online_analysis."
+                                                                                 "trace2skill_config"))
+    return out
+
+
+ANALYST_CONFIG = "configs/trace2skill_cold_start.yaml"
+
+
+def analyst_config_mismatches(cfg: Config, path: Path, *, referenced_by: str | None = None) -> list[str]:
+    """The analyst's own config (``configs/trace2skill_cold_start.yaml``, named by analysis.yaml)
+    against the recipe. It carries its own ShopSim URL (``environment.base_url``, hard-coded
+    5700 upstream), and a wrong one gives a *success-shaped* analysis with 0 candidates. Its
+    ``experiment.concurrency`` analyst threads each hold a ShopSim slot while the trainer's
+    episodes (TRAIN) or the bare val's (VAL) hold theirs, so both sums must fit ``shopsim.slots``.
+    Its model URLs are the LLM endpoint's, not ours: not checked. A missing file is the
+    analysis's own error (it exits 1), reported there."""
+    if not path.is_file():
+        if referenced_by:
+            return [f"{path}: missing ({referenced_by}); fix: restore the analyst's config in the project"]
+        return []
+    data = _load_config_file(path)
+    if data is None:
+        return [f"{path}: unreadable as YAML; fix: repair the analyst's config"]
+    out: list[str] = []
+    env = data.get("environment")
+    url = env.get("base_url") if isinstance(env, dict) else None
+    want = _endpoint(cfg.shopsim.url)
+    if isinstance(url, str) and want is not None:
+        got = _endpoint(url)
+        if got is not None and got != want:
+            out.append(f"{path}: environment.base_url: {url} does not match shopsim.url = {cfg.shopsim.url}; fix: "
+                       "make them agree (the analyst would audit a dead port and write 0 candidates, silently)")
+    exp = data.get("experiment")
+    threads = exp.get("concurrency") if isinstance(exp, dict) else None
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        for who, n, key in (("the trainer's", cfg.shopsim.episode_concurrency, "shopsim.episode_concurrency"),
+                            ("the bare val's", cfg.val.concurrency, "val.concurrency")):
+            if n + threads > cfg.shopsim.slots:
+                out.append(f"{path}: experiment.concurrency: {threads} analyst threads plus {who} {n} episodes "
+                           f"({key}) need {n + threads} ShopSim slots > shopsim.slots = {cfg.shopsim.slots}; fix: "
+                           "raise shopsim.slots (and the service's SHOPSIM_ENV_SLOTS) or lower one of them")
     return out
 
 

@@ -374,6 +374,89 @@ def test_the_demo_emitters_json_yamls_are_read_too(tmp_path: Path) -> None:
     assert len(commands.port_mismatches(demo, loop)) == 1
 
 
+SEED_ANALYST_YAML = """experiment:
+  name: trace2skill-cold-start
+  dotenv: ../.env
+  seed: 20260831
+  concurrency: {threads}
+environment:
+  base_url: http://127.0.0.1:{shop}
+  timeout: 30
+analyst_model:
+  base_url: https://dashscope.aliyuncs.com/compatible-mode/v1
+  api_key_env: BAILIAN_API_KEY
+"""
+
+
+def write_analysis_yaml(loop: Path, analyst: Path) -> None:
+    """The real emitter's analysis.yaml: it names the analyst's own config."""
+    (loop / "analysis.yaml").write_text(f"online_analysis:\n  name: round-000\n  max_candidates: 6\n"
+                                        f"  trace2skill_config: {analyst}\n")
+
+
+def test_the_analysts_own_config_is_checked_through_analysis_yaml(cfg: Config, tmp_path: Path) -> None:
+    """configs/trace2skill_cold_start.yaml carries its own ShopSim URL: the seed's agrees (its
+    Bailian model URLs are not ours and are not compared); a moved ShopSim port is one line
+    naming that file and key (the real analysis would write 0 candidates, silently)."""
+    write_seed_yamls(tmp_path / "loop")
+    analyst = tmp_path / "proj" / "configs" / "trace2skill_cold_start.yaml"
+    analyst.parent.mkdir(parents=True)
+    analyst.write_text(SEED_ANALYST_YAML.format(threads=2, shop=5700))
+    write_analysis_yaml(tmp_path / "loop", analyst)
+    assert commands.port_mismatches(cfg, tmp_path / "loop") == []
+    analyst.write_text(SEED_ANALYST_YAML.format(threads=2, shop=5799))
+    [line] = commands.port_mismatches(cfg, tmp_path / "loop")
+    assert line.startswith(f"{analyst}: environment.base_url: http://127.0.0.1:5799 does not match shopsim.url")
+    assert "0 candidates" in line
+
+
+def test_the_analysts_threads_must_fit_the_slots(cfg: Config, tmp_path: Path) -> None:
+    """Analyst threads hold ShopSim slots next to the trainer's (TRAIN) and the bare val's (VAL)
+    episodes: 32 + 2 fit the seed's 48; 32 + 17 do not (a blocked reset that times out becomes a
+    ghost waiter), one line per overlap."""
+    write_seed_yamls(tmp_path / "loop")
+    analyst = tmp_path / "t2s.yaml"
+    analyst.write_text(SEED_ANALYST_YAML.format(threads=17, shop=5700))
+    write_analysis_yaml(tmp_path / "loop", analyst)
+    lines = commands.port_mismatches(cfg, tmp_path / "loop")
+    assert len(lines) == 2 and all(ln.startswith(f"{analyst}: experiment.concurrency: 17 analyst threads")
+                                   for ln in lines)
+    assert "need 49 ShopSim slots > shopsim.slots = 48" in lines[0] and "val.concurrency" in lines[1]
+
+
+def test_a_missing_or_broken_analyst_config_is_named(cfg: Config, tmp_path: Path) -> None:
+    """analysis.yaml naming an absent analyst config, or one that is not text: one line each, with
+    the file (never a UnicodeDecodeError out of TRAIN)."""
+    loop, analyst = tmp_path / "loop", tmp_path / "t2s.yaml"
+    write_seed_yamls(loop)
+    write_analysis_yaml(loop, analyst)
+    [line] = commands.port_mismatches(cfg, loop)
+    assert line.startswith(f"{analyst}: missing ({loop / 'analysis.yaml'}: online_analysis.trace2skill_config)")
+    analyst.write_bytes(b"environment:\n  base_url: \xff\xfe\n")
+    [line] = commands.port_mismatches(cfg, loop)
+    assert line == f"{analyst}: unreadable as YAML; fix: repair the analyst's config"
+
+
+def test_check_judges_the_projects_analyst_config_before_any_round(tmp_path: Path) -> None:
+    """`shoprld check` reads <project_root>/configs/trace2skill_cold_start.yaml itself: a moved
+    port there is NOT READY before the night starts; a project without one is not refused for it."""
+    from shoprld.daemon.demo import create_tree
+
+    campaign = create_tree(tmp_path / "d", fast=True, rounds=1)
+    demo = load_config(campaign)
+    analyst = tmp_path / "d" / "repo" / "configs" / "trace2skill_cold_start.yaml"
+    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+                         capture_output=True, text=True, timeout=120)
+    assert "trace2skill_cold_start.yaml" not in res.stdout
+    analyst.parent.mkdir(parents=True, exist_ok=True)
+    analyst.write_text(SEED_ANALYST_YAML.format(threads=1, shop=5700))
+    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3
+    assert f"{analyst}: environment.base_url: http://127.0.0.1:5700 does not match shopsim.url = " \
+           f"{demo.shopsim.url}" in res.stdout
+
+
 # -- ShopSim's unauthenticated port ---------------------------------------------------------------
 @pytest.fixture
 def listener() -> Iterator[callable]:  # type: ignore[valid-type]
