@@ -129,7 +129,10 @@ class Child:
         if self.returncode is not None:
             return False
         if self._process is not None:
-            return self._process.returncode is None
+            # Keep the status once it is known, so whoever notices the exit (the ShopSim
+            # supervisor's `shopsim.died`) can report it (-9: SIGKILLed) without a wait().
+            self.returncode = self._process.returncode
+            return self.returncode is None
         return pid_alive(self.record.pid, self.record.start_ticks)
 
     async def wait(self, poll: float = 0.2) -> int | None:

@@ -118,6 +118,7 @@ def test_sigkill_of_shopsim_in_train_no_trainer_starts_while_it_is_down(tmp_path
     recs = journal(tmp_path)
     died = [r for r in recs if r["event"] == "shopsim.died"]
     assert died and died[0]["state"] == "TRAIN", died
+    assert died[0]["returncode"] == -signal.SIGKILL, died  # the status, not null: how it died
     t_died = float(died[0]["t"])
     back = [r for r in recs if r["event"] == "shopsim.ready" and float(r["t"]) > t_died]
     assert back, "ShopSim never became ready again"
