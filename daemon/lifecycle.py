@@ -62,6 +62,7 @@ import socket
 import stat
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -926,6 +927,7 @@ def _copy_items(camp: Campaign, roots: Mapping[str, str], state: Mapping[str, An
 def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = None) -> int:
     """``shoprld export-campaign``: the small state as a tar, plus MOVE_CHECKLIST.md."""
     out = out or sys.stdout
+    _check_out_path(out_tar)
     camp = open_campaign(config_path)
     cfg, layout = camp.cfg, camp.layout
     _refuse_if_running(layout.state_dir, "export-campaign")
@@ -978,7 +980,7 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
         members["manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         _write_tar(out_tar, members)
         beside = out_tar.with_name(out_tar.name + ".MOVE_CHECKLIST.md")
-        atomic_write(beside, checklist.encode())
+        _write_private(beside, lambda fh: fh.write(checklist.encode()))
     size = out_tar.stat().st_size
     need = [i for i in items if i.required]
     out.write(f"exported {cfg.campaign.name} / {cfg.campaign.experiment} (state {state.get('state')}, "
@@ -990,17 +992,62 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
     return EXIT_OK
 
 
+def _check_out_path(out_tar: Path) -> None:
+    """Refuse, before any work, a destination that can never take the bundle (one line each)."""
+    try:
+        st: os.stat_result | None = os.stat(out_tar)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise LifecycleError(f"{out_tar}: cannot use as the bundle ({exc.strerror}); "
+                             "fix: pass a file path in a writable dir") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise LifecycleError(f"{out_tar}: is a directory; fix: name the bundle file, e.g. {out_tar / 'campaign.tar'}")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise LifecycleError(f"{out_tar}: exists and is not a regular file; fix: pass a path for a new .tar file")
+    parent = out_tar.parent
+    if not parent.is_dir():
+        raise LifecycleError(f"{parent}: no such directory for the bundle {out_tar.name}; "
+                             f"fix: `mkdir -p {parent}` or pass another path")
+
+
+def _write_private(path: Path, fill: Any) -> None:
+    """Create ``path`` through a 0600 temp file in its own dir (``fill(fileobj)`` writes it), fsync,
+    rename. On any failure the temp file is removed and the error is one line (a LifecycleError):
+    a bundle holds the campaign's state, so no half-written or world-readable copy stays behind."""
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise LifecycleError(f"{path}: cannot write ({exc.strerror or exc}); "
+                             "fix: choose a writable place with free space") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 def _write_tar(path: Path, members: Mapping[str, bytes]) -> None:
     mode = "w:gz" if path.name.endswith((".tar.gz", ".tgz")) else "w"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     now = time.time()
-    with tarfile.open(tmp, mode) as tar:  # type: ignore[call-overload]
-        for name in sorted(members):
-            data = members[name]
-            info = tarfile.TarInfo(f"{BUNDLE_TOP}/{name}")
-            info.size, info.mtime, info.mode = len(data), int(now), 0o600
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+
+    def fill(fh: Any) -> None:
+        with tarfile.open(fileobj=fh, mode=mode) as tar:  # type: ignore[call-overload]
+            for name in sorted(members):
+                data = members[name]
+                info = tarfile.TarInfo(f"{BUNDLE_TOP}/{name}")
+                info.size, info.mtime, info.mode = len(data), int(now), 0o600
+                tar.addfile(info, io.BytesIO(data))
+
+    _write_private(path, fill)
 
 
 def move_checklist(manifest: Mapping[str, Any]) -> str:
