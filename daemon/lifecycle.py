@@ -1197,7 +1197,7 @@ class _Fence:
     def __init__(self, roots: Mapping[str, Path]) -> None:
         self.roots = {k: os.path.realpath(v) for k, v in roots.items()}
 
-    def refusal(self, dst: Path) -> str | None:
+    def refusal(self, dst: Path, *, directory: bool = False) -> str | None:
         raw = os.fsencode(str(dst))
         if len(raw) >= _PATH_MAX or any(len(c) > _NAME_MAX for c in raw.split(b"/")):
             return "has a name too long for the filesystem"
@@ -1209,12 +1209,14 @@ class _Fence:
             st = os.lstat(real)
         except OSError:
             return None
-        if not stat.S_ISREG(st.st_mode):
+        if directory and not stat.S_ISDIR(st.st_mode):
+            return "exists and is not a directory"
+        if not directory and not stat.S_ISREG(st.st_mode):
             return "exists and is not a regular file"
         return None
 
-    def check(self, dst: Path, what: str) -> None:
-        why = self.refusal(dst)
+    def check(self, dst: Path, what: str, *, directory: bool = False) -> None:
+        why = self.refusal(dst, directory=directory)
         if why is not None:
             raise LifecycleError(f"{dst} ({what}, from the bundle) {why}; import-campaign writes nothing outside "
                                  "the new roots; fix: re-export with that path under the repo or the ephemeral root, "
@@ -1313,7 +1315,7 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
         default = _default_state_dir(manifest["campaign"])
         new_state = mapped if mapped != Path(os.path.normpath(old["state_dir"])) else default
         homes = [repo, ephemeral_root, default] + ([cfg_guess.parent] if cfg_guess is not None else [])
-        if _Fence({str(i): h for i, h in enumerate(homes)}).refusal(new_state) is not None:
+        if _Fence({str(i): h for i, h in enumerate(homes)}).refusal(new_state, directory=True) is not None:
             raise LifecycleError(f"{new_state}: the state dir the bundle implies lies outside --repo {repo} and "
                                  f"--ephemeral-root {ephemeral_root}; fix: pass --state-dir S")
     fence = _Fence({"repo": repo, "ephemeral-root": ephemeral_root, "state-dir": new_state})
@@ -1358,8 +1360,8 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
     # Where the campaign itself will write (now, and once it runs) must lie under the new roots too:
     # an absolute storage.ledger or export.hf_dir in a bundle would otherwise aim at any file.
     fence.check(layout.ledger, "storage.ledger")
-    fence.check(layout.exp_dir, "the experiment dir (storage.user, campaign.name, campaign.experiment)")
-    fence.check(layout.hf_dir(cfg), "export.hf_dir")
+    fence.check(layout.exp_dir, "the experiment dir (storage.user, campaign.name, campaign.experiment)", directory=True)
+    fence.check(layout.hf_dir(cfg), "export.hf_dir", directory=True)
     plan = _plan_restore(files, rp, layout, cfg, fence)
     ck = manifest.get("checkpoint")
     if ck:
