@@ -6,18 +6,38 @@ box. Every handler imports what it needs lazily, so the status path stays on the
 
 Exit codes (SPEC §6): 0 done or stopped on request, 2 usage, 3 config/lock/preflight,
 4 parked for disk, 5 stopped by the gate policy, 6 a stage failed after retries,
+130 interrupted (Ctrl-C), 141 stdout closed early (``| head``; nothing on stderr),
 1 anything unexpected (a bug; rerun with --debug for the traceback).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
-from .errors import EXIT_BUG, EXIT_USAGE, ShoprldError
+
+def _interrupted_at_import(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """Ctrl-C while this module (and so ``main``) is still being imported: one line, exit 130.
+
+    Installed before the heavy imports below; :func:`main` handles every later interrupt. The
+    interpreter's own start-up (site, .pth files) runs before any shoprld code and is out of reach.
+    """
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.stderr.write("shoprld: interrupted during start-up; nothing was started\n")
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+if sys.excepthook is sys.__excepthook__:  # never replace a hook someone else (pytest, an IDE) installed
+    sys.excepthook = _interrupted_at_import
+
+import argparse  # noqa: E402  (after the hook: an interrupt during these imports is one line too)
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from .errors import EXIT_BUG, EXIT_PIPE, EXIT_USAGE, ShoprldError  # noqa: E402
 
 DEFAULT_CONFIG = "campaign.toml"
 
@@ -49,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The ShopSimRL campaign daemon: runs multi-round slime RL campaigns, "
         "resumes after any crash, stops before /ephemeral fills up.",
         epilog="Exit codes: 0 done/stopped, 2 usage, 3 config/lock/preflight, 4 disk park, "
-        "5 gate stop, 6 stage failed, 1 bug.",
+        "5 gate stop, 6 stage failed, 130 interrupted, 141 stdout closed early, 1 bug.",
     )
     parser.add_argument("--version", action="version", version=f"shoprld {_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -113,6 +133,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every outcome is an exit code and at most one stderr line (no traceback
+    unless ``--debug``), including Ctrl-C (130) and a reader that left early (EXIT_PIPE)."""
+    try:
+        rc = _main(argv)
+        # Flush here, not at interpreter exit: a reader that left early (`| head -1`) must
+        # surface as BrokenPipeError below, not as "Exception ignored ..." on stderr.
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: point stdout at
+        # /dev/null so that the interpreter's final flush cannot fail a second time.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print("shoprld: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.cmd:
@@ -126,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"shoprld: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("shoprld: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise  # main's: the same answer wherever they happen
     except Exception as exc:  # a bug: one line unless --debug
         if args.debug:
             raise

@@ -519,6 +519,11 @@ def _format_error(file: Path, exc: ValidationError) -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a campaign file. Raises :class:`ConfigError` (one line)."""
     file = Path(path).expanduser()
+    from .paths import special_file
+
+    kind = special_file(file)
+    if kind is not None:  # never open it: a FIFO blocks, a device never ends
+        raise ConfigError(f"{file}: is {kind}, not a campaign file; fix: pass the campaign's .toml file")
     try:
         raw = file.read_bytes()
     except FileNotFoundError:

@@ -28,12 +28,31 @@ def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) ->
     return Path(xdg) / "shoprld" / campaign
 
 
+def special_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a dir (a FIFO, a device,
+    a socket), else None. Such a campaign file is refused before it is opened: opening a FIFO
+    blocks until a writer comes, and a device can be read forever (issue 15)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the open that follows reports it, with its own message
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
 class QuickConfigError(Exception):
     """The campaign file cannot even be read for its name (one line)."""
 
 
 def quick_read(config: Path) -> dict[str, Any]:
     """Parse the TOML without validating it (the daemon validated it when it started)."""
+    kind = special_file(config)
+    if kind is not None:
+        raise QuickConfigError(f"{config}: is {kind}, not a campaign file; fix: pass -c FILE.toml")
     try:
         return tomllib.loads(config.read_text(encoding="utf-8"))
     except FileNotFoundError:
