@@ -36,7 +36,7 @@ def test_a_second_campaign_with_the_same_name_is_refused_the_first_ones_state(tm
         first = run_daemon(a, env=env)
         assert first.returncode == 0, first.stderr[-2000:]
         assert json.loads((state / "identity.json").read_text())["repo"] == str(tmp_path / "a" / "repo")
-        before = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file()}
+        before = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file() and p.name != "lock"}
 
         second = run_daemon(b, env=env, timeout=60)
         assert second.returncode == 3, (second.returncode, second.stderr[-2000:])
@@ -44,7 +44,7 @@ def test_a_second_campaign_with_the_same_name_is_refused_the_first_ones_state(tm
         assert len(lines) == 1, second.stderr
         assert lines[0].startswith(f"shoprld: {state}: this state dir belongs to another campaign")
         assert "repo" in lines[0] and "ephemeral_root" in lines[0] and "--adopt-state" in lines[0]
-        after = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file()}
+        after = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file() and p.name != "lock"}
         assert after == before  # nothing of A's was rewritten (status.json included)
         assert not (tmp_path / "b" / "repo" / "reports" / "shoprld" / "demo.tsv").exists()
 
