@@ -35,7 +35,6 @@ def test_a_second_campaign_with_the_same_name_is_refused_the_first_ones_state(tm
     try:
         first = run_daemon(a, env=env)
         assert first.returncode == 0, first.stderr[-2000:]
-        assert json.loads((state / "identity.json").read_text())["repo"] == str(tmp_path / "a" / "repo")
         before = {p.name: p.read_bytes() for p in state.iterdir() if p.is_file() and p.name != "lock"}
 
         second = run_daemon(b, env=env, timeout=60)
@@ -52,6 +51,7 @@ def test_a_second_campaign_with_the_same_name_is_refused_the_first_ones_state(tm
         assert st.returncode == 3 and st.stdout == "", (st.returncode, st.stdout[-500:])
         assert len(st.stderr.strip().splitlines()) == 1 and "belongs to another campaign" in st.stderr
         assert _status(a, env).returncode == 0  # A's own status is still shown
+        assert json.loads((state / "identity.json").read_text())["repo"] == str(tmp_path / "a" / "repo")
     finally:
         kill_tree_leftovers(tmp_path / "a")
         kill_tree_leftovers(tmp_path / "b")
@@ -67,7 +67,7 @@ def test_a_state_dir_from_before_identities_is_adopted_by_its_own_campaign_only(
     state = xdg / "shoprld" / "demo"
     try:
         assert run_daemon(a, env=env).returncode == 0
-        (state / "identity.json").unlink()
+        (state / "identity.json").unlink(missing_ok=True)
         second = run_daemon(b, env=env, timeout=60)
         assert second.returncode == 3 and len(second.stderr.strip().splitlines()) == 1, second.stderr
         assert "belongs to another campaign" in second.stderr and "ephemeral_root" in second.stderr

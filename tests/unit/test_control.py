@@ -455,10 +455,10 @@ def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
         campaign: tuple[Path, Path], bystander: subprocess.Popen[bytes], record: str) -> None:
     """The lock is held by a one-shot command (no pid in the lock file) and daemon.pid (or even a
     daemon.json) names an unrelated live process: stop signals nothing, says so in one line, exit 3."""
-    from shoprld.daemon.store import daemon_record
-
     cfg, state_dir = campaign
     (state_dir / "daemon.pid").write_text(f"{bystander.pid}\n")
+    if record != "pid file only":
+        from shoprld.daemon.store import daemon_record
     if record == "record of the bystander":  # right pid, start time and cmdline, but it holds no lock
         (state_dir / "daemon.json").write_text(json.dumps(daemon_record(bystander.pid)))
     elif record == "record with a reused pid":
