@@ -61,8 +61,9 @@ def identity_fields(config: Path, data: Mapping[str, Any]) -> tuple[str, str, Pa
     """(name, experiment, repo, ephemeral_root) as config.py resolves them: relative paths
     against the campaign file's dir, ``$VARS`` and ``~`` expanded (for ``status``'s identity
     check, without pydantic)."""
-    camp = data.get("campaign") if isinstance(data.get("campaign"), dict) else {}
-    storage = data.get("storage") if isinstance(data.get("storage"), dict) else {}
+    camp_raw, storage_raw = data.get("campaign"), data.get("storage")
+    camp: Mapping[str, Any] = camp_raw if isinstance(camp_raw, dict) else {}
+    storage: Mapping[str, Any] = storage_raw if isinstance(storage_raw, dict) else {}
     base = config.resolve().parent
 
     def path(key: str, default: str) -> Path:

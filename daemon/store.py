@@ -210,9 +210,12 @@ class Store:
         problem: str | None = None
         try:
             raw = (self.dir / STATE_FILE).read_text(encoding="utf-8")
-            state, problem = validate(json.loads(raw), STATE_FILE)
-            if state is not None and state.get("schema") != SCHEMA_VERSION:
-                state, problem = None, f"state.json has schema {state.get('schema')!r}, expected {SCHEMA_VERSION}"
+            doc = json.loads(raw)
+            state: dict[str, Any] | None = None
+            if isinstance(doc, dict) and doc.get("schema") != SCHEMA_VERSION:
+                problem = f"state.json has schema {doc.get('schema')!r}, expected {SCHEMA_VERSION}"
+            else:
+                state, problem = validate(doc, STATE_FILE)
             if state is not None:
                 newer = self._last_snapshot()
                 if newer and newer.get("seq", 0) > state.get("seq", 0):
