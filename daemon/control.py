@@ -359,7 +359,7 @@ def verified_daemon(state_dir: Path) -> tuple[int | None, str]:
     who = f"pid {holder}" if holder else "a process"
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None, f"{lock} is held by {who}, and {state_dir / DAEMON_RECORD} names no daemon (a one-shot " \
-                     "command such as `shoprld clean` or `export-campaign` holds it)"
+                     "command such as `shoprld clean` or `export-campaign` holds it, or a daemon of an older shoprld)"
     holders = _lock_holders(lock)
     holds = pid in holders if holders else holder == pid  # no /proc/locks line: trust the lock file
     ticks, argv = proc_identity(pid)
