@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.config import load_config
@@ -87,7 +87,7 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8)
 # Values that are wrong for every key of the snapshot (so a mutated snapshot is never valid).
-_wrong = st.sampled_from([[], [1], {"a": []}, "abc", -5, 1.5, math.inf])
+_wrong = st.sampled_from([[[]], [1], {"a": [], "round": "x"}, "abc", -5, 1.5, math.inf])
 _keys = st.sampled_from(["round", "children", "rounds_done", "seq", "starts", "previous", "round_durations"])
 
 
@@ -183,3 +183,12 @@ def test_the_engine_starts_from_any_state_files(demo_campaign: tuple[Path, Any, 
     else:
         assert isinstance(engine.round, int) and engine.round >= 0
         assert isinstance(engine.state_data["first_start"], float | int)
+
+
+@pytest.mark.slow
+@seed(20261201)
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=_state_files())
+def test_load_fuzz_many_examples(tmp_path: Path, files: tuple[bytes, str, int | None]) -> None:
+    """The slow suite: the load property above with many more examples and a fixed seed."""
+    test_load_never_raises_and_recovers_the_valid_journal_prefix.hypothesis.inner_test(tmp_path, files)  # type: ignore[attr-defined]
