@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--wait-for-space", action="store_true",
                    help="when parked for disk, stay alive and resume once space is back")
+    p.add_argument("--adopt-state", action="store_true",
+                   help="take over a state dir that records another campaign (other repo, volume or "
+                        "experiment) instead of refusing it")
 
     p = sub.add_parser("demo", help="run a whole campaign on the built-in demo stack")
     p.add_argument("--dir", metavar="D", help="where to put the demo tree (default: a new temp dir)")
@@ -200,7 +203,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine import run_campaign
 
-    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space)
+    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
+                        adopt_state=args.adopt_state)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -128,7 +128,7 @@ class Engine:
 
     def __init__(self, cfg: Config, layout: Layout, secrets: Secrets, *, launcher: Launcher | None = None,
                  clock: base.Clock | None = None, wait_for_space: bool = False,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False) -> None:
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
         from .raylauncher import build_launcher
@@ -136,6 +136,7 @@ class Engine:
         self._raw_launcher = launcher or build_launcher(cfg, layout)
         self.launcher: Launcher = _TaggingLauncher(self._raw_launcher, str(layout.state_dir))
         self.wait_for_space = wait_for_space
+        self.adopt_state = adopt_state  # `shoprld run --adopt-state`: take over another campaign's state dir
         self._transport = transport
         # The one Redactor every persisted or sent text passes through, whoever built it.
         self.redactor = secrets.redactor
@@ -168,8 +169,9 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
-        self.store.acquire_lock()
+        self.store.acquire_lock(role="daemon")
         try:
+            self._check_identity()
             self._load()
             async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
                 self.http = http
@@ -185,8 +187,20 @@ class Engine:
                     await aclose()
             return code
         finally:
-            self._write_status(force=True)
+            if self.snap:  # never over another campaign's status (a refused identity, issue 15)
+                self._write_status(force=True)
             self.store.release_lock()
+
+    def _check_identity(self) -> None:
+        """Refuse (exit 3) a state dir that belongs to another campaign, before reading it."""
+        from .identity import ensure, expected
+
+        want = expected(self.cfg.campaign.name, self.cfg.campaign.experiment, self.layout.repo,
+                        self.layout.ephemeral_root)
+        done = ensure(self.layout.state_dir, want, adopt=self.adopt_state)
+        if done is not None and done != "created":
+            log.warning("state.identity", action=done, state_dir=str(self.layout.state_dir))
+            self.store.append({"event": "state.identity", "action": done})
 
     def _load(self) -> None:
         loaded = self.store.load()
@@ -944,7 +958,7 @@ class Engine:
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
-                 launcher: Launcher | None = None) -> int:
+                 launcher: Launcher | None = None, adopt_state: bool = False) -> int:
     """``shoprld run``: load, check secrets, configure logging, run the engine."""
     from .logs import configure, set_secrets
 
@@ -954,7 +968,7 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     set_secrets(secrets)
     configure(level="DEBUG" if debug else "INFO")
     secrets.require(cfg.required_secrets())
-    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space)
+    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
     code = anyio.run(engine.main)
     if code and engine.final_message:
         print(f"shoprld: {secrets.redact(engine.final_message)}", file=sys.stderr)

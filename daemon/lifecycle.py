@@ -139,7 +139,7 @@ class _Locked:
 
     def __enter__(self) -> Store:
         try:
-            self.store.acquire_lock()
+            self.store.acquire_lock(role="oneshot")  # never daemon.pid: `stop` must not see us
         except LockError as exc:
             raise LockError(f"{self.action} refused: {exc}") from None
         return self.store
@@ -1382,6 +1382,11 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
                 cfg_out.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(cfg_out, text.encode())
             counts = _restore(files, rp, layout, plan)
+            # The explicit adoption (issue 15): the restored state now belongs to the re-pointed campaign.
+            from .identity import expected, write as write_identity
+
+            write_identity(layout.state_dir, expected(cfg.campaign.name, cfg.campaign.experiment, layout.repo,
+                                                      layout.ephemeral_root), imported_from=str(bundle))
             store.append({"event": "campaign.imported", "bundle": str(bundle), "from_host": manifest["host"],
                           "roots": {k: [str(v), str(rp.path(v))] for k, v in old.items()},
                           "config": str(cfg_out), "checkpoint": ck and ck["iteration"]})

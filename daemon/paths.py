@@ -74,3 +74,21 @@ def state_dir_from_toml(config: Path, environ: Mapping[str, str] = os.environ) -
         p = Path(os.path.expandvars(raw)).expanduser()
         return p if p.is_absolute() else config.resolve().parent / p
     return default_state_dir(campaign, environ)
+
+
+def identity_fields(config: Path, data: Mapping[str, Any]) -> tuple[str, str, Path, Path]:
+    """(name, experiment, repo, ephemeral_root) as config.py resolves them: relative paths
+    against the campaign file's dir, ``$VARS`` and ``~`` expanded (for ``status``'s identity
+    check, without pydantic)."""
+    camp_raw, storage_raw = data.get("campaign"), data.get("storage")
+    camp: Mapping[str, Any] = camp_raw if isinstance(camp_raw, dict) else {}
+    storage: Mapping[str, Any] = storage_raw if isinstance(storage_raw, dict) else {}
+    base = config.resolve().parent
+
+    def path(key: str, default: str) -> Path:
+        raw = storage.get(key)
+        p = Path(os.path.expandvars(raw)).expanduser() if isinstance(raw, str) and raw else Path(default)
+        return p if p.is_absolute() else base / p
+
+    return (str(camp.get("name", "")), str(camp.get("experiment", "main")), path("repo", "."),
+            path("ephemeral_root", "/ephemeral"))

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .paths import QuickConfigError, quick_read, state_dir_from_toml
+from .identity import StateMismatch, expected, status_problem
+from .paths import QuickConfigError, identity_fields, quick_read, state_dir_from_toml
 
 # The names of store.py's files, copied: importing store.py pulls in dataclasses and
 # inspect (~15 ms on the target box, 15 % of the --json budget). test_status checks that
@@ -203,6 +204,12 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
     except QuickConfigError as exc:
         raise ConfigError(str(exc)) from None
     snap, problem = read_snapshot(state_dir)
+    # Never show another campaign's results as this one's (issue 15): a state dir shared by two
+    # campaigns of the same name is refused here as `shoprld run` refuses it.
+    name, experiment, repo, ephemeral_root = identity_fields(config_path, toml)
+    mismatch = status_problem(state_dir, expected(name, experiment, repo, ephemeral_root), snap)
+    if mismatch:
+        raise StateMismatch(mismatch)
     out = skeleton(toml)
     if snap is not None:
         out["state"] = None  # a snapshot without a state is not "never started"
