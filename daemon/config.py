@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -173,8 +174,9 @@ class _Model(BaseModel):
 
 
 class CampaignSection(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    experiment: str = Field(default="main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    # Path components (and the unit's instance name): bounded well below NAME_MAX (255).
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    experiment: str = Field(default="main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
     rounds: Int = Field(ge=1, le=MAX_ROUNDS)
     steps_per_round: Int = Field(ge=1, le=MAX_STEPS_PER_ROUND)
     seed: Int = 0
@@ -203,6 +205,25 @@ class StorageSection(_Model):
     # experiment dir so generated output never lands in the checkout.
     manage_runs_link: Bool = True
     repo_hygiene_max: Size = 50 * 1024**2
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        # One path component of BREV_ROOT: "../x" or "a/b" would move the whole tree.
+        if v and (v in (".", "..") or not re.match(r"^[A-Za-z0-9._-]{1,64}$", v)):
+            raise ValueError("not a user name (one path component); fix: use the login name, e.g. ubuntu, or leave it empty")
+        return v
+
+    @field_validator("ledger")
+    @classmethod
+    def _ledger(cls, v: str) -> str:
+        try:
+            path = v.format(campaign="x")
+        except (KeyError, IndexError, ValueError, AttributeError):
+            raise ValueError("only the placeholder {campaign} is allowed here; fix: e.g. reports/shoprld/{campaign}.tsv") from None
+        if not path.strip() or path.endswith("/"):
+            raise ValueError("not a file path; fix: e.g. reports/shoprld/{campaign}.tsv")
+        return v
 
 
 class DiskSection(_Model):
@@ -277,8 +298,25 @@ class ProcessSpec(_Model):
     grace: Duration = 10.0
 
 
+def _http_url(v: str) -> str:
+    """An http(s) URL with a host and a valid port (urlsplit raises on ``http://[::1``)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc}); fix: e.g. http://127.0.0.1:5700") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL with a host; fix: e.g. http://127.0.0.1:5700")
+    return v
+
+
+Url = Annotated[str, AfterValidator(_http_url)]
+
+
 class ShopsimSection(ProcessSpec):
-    url: str = "http://127.0.0.1:5700"
+    url: Url = "http://127.0.0.1:5700"
     health_path: str = "/healthz"
     slots: Int = Field(default=48, ge=1, le=MAX_COUNT)
     episode_concurrency: Int = Field(default=32, ge=1, le=MAX_COUNT)
@@ -315,7 +353,7 @@ class TrainSection(ProcessSpec):
     # slime-style progress lines; anchored so the launch header (--num-rollout N) never matches.
     progress_pattern: str = r"(?m)^rollout (\d+)\b"
     # Ray Jobs launcher.
-    ray_address: str = "http://127.0.0.1:8265"
+    ray_address: Url = "http://127.0.0.1:8265"
     ray_start_head: Bool = False
     ray_head_command: Command = ()
     runtime_env: dict[str, str] = {}
@@ -345,7 +383,7 @@ class ExportSection(ProcessSpec):
 class ValSection(ProcessSpec):
     server_command: Command = ()
     server_env: dict[str, str] = {}
-    url: str = "http://127.0.0.1:30000"
+    url: Url = "http://127.0.0.1:30000"
     health_path: str = "/health"
     ready_timeout: Duration = Field(default=600.0, gt=0)
     concurrency: Int = Field(default=32, ge=1, le=MAX_COUNT)
@@ -580,6 +618,9 @@ _FIXES = {
     "literal_error": "use one of the allowed values",
     "string_pattern_mismatch": "use letters, digits, '.', '_' and '-' only",
     "path_type": "use a path string",
+    "string_too_long": "use a shorter value",
+    "float_type": "use a number (not a boolean or a string)",
+    "finite_number": "use a finite number (not nan or inf)",
 }
 
 
@@ -627,6 +668,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     """Validate an already parsed mapping; paths are made absolute against the file's dir."""
+    nul = _find_nul(data)
+    if nul is not None:
+        raise ConfigError(f"{file}: {nul}: contains a NUL byte (\\u0000); fix: remove it (no path, argument or "
+                          "environment value can hold one)")
     base = file.resolve().parent
     data = _absolutize(data, base)
     data["source"] = str(file.resolve())
@@ -634,6 +679,26 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(file, exc)) from None
+
+
+def _find_nul(data: Any, key: str = "") -> str | None:
+    """The dotted key of the first string (key or value) holding a NUL byte, else None."""
+    if isinstance(data, str):
+        return key if "\x00" in data else None
+    if isinstance(data, dict):
+        for k, v in data.items():
+            sub = f"{key}.{k}" if key else str(k)
+            if "\x00" in str(k):
+                return sub.replace("\x00", "\\x00")
+            found = _find_nul(v, sub)
+            if found is not None:
+                return found
+    if isinstance(data, list):
+        for i, v in enumerate(data):
+            found = _find_nul(v, f"{key}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 _PATH_KEYS = {

@@ -164,6 +164,12 @@ def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
             if required:
                 yield Problem(src, key, f"empty, but {required}", "[]", "give the program's argv as a list of strings")
             continue
+        cwd = spec.cwd or layout.project_root
+        if not cwd.is_dir():
+            yield Problem(src, f"{key.split('.')[0]}.cwd" if spec.cwd else "storage.project_root",
+                          f"{key} runs in {cwd}, which is not a directory", str(cwd),
+                          "create it, or point the setting at the checkout that holds the tools")
+            continue
         prog = template[0].format_map(values)
         if not prog.strip():
             yield Problem(src, f"{key}[0]", "the program name is empty", repr(template[0]),
@@ -184,7 +190,6 @@ def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
                 continue
             search = f"{prefix / 'bin'}{os.pathsep}{search}"
         if "/" in prog:
-            cwd = spec.cwd or layout.project_root
             path = Path(prog) if Path(prog).is_absolute() else cwd / prog
             if not _is_executable(path):
                 what = "is not an executable file" if path.exists() else "does not exist"
