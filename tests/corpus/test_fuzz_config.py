@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon import cli
@@ -151,15 +151,19 @@ def mutated(draw: st.DrawFn, bases: dict[str, tuple[Path, dict[str, Any]]]) -> t
     action = draw(st.sampled_from(["set", "set", "set", "delete", "add"]))
     if action == "set":
         parent[path[-1]] = draw(_VALUES)
+        note(f"{name}: set {path} = {parent[path[-1]]!r}")
     elif action == "delete":
         del parent[path[-1]]
+        note(f"{name}: delete {path}")
     else:
         # A key the schema knows but the base leaves at its default (storage.ledger,
         # storage.user, ...), or one it does not know.
         section = path[0] if isinstance(data.get(path[0]), dict) else None
         target = data[section] if section else data
         known = sorted(_schema_keys(section))
-        target[draw(st.sampled_from([*known, "unknown_key_15", "roundz", "save_dir"]))] = draw(_VALUES)
+        key = draw(st.sampled_from([*known, "unknown_key_15", "roundz", "save_dir"]))
+        target[key] = draw(_VALUES)
+        note(f"{name}: add {section}.{key} = {target[key]!r}")
     return name, data
 
 
