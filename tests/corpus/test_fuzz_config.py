@@ -216,10 +216,28 @@ def test_fuzzed_configs_hold_the_invariants_many(bases: dict[str, tuple[Path, di
     check_one(bases, name, mutated_cfg)
 
 
-# -- what hypothesis found, kept after the fix ----------------------------------------------------
-# (base, dotted path, value | DELETE): each broke an invariant before its fix.
+# -- what the fuzzing found, kept after the fix ---------------------------------------------------
+# (base, key path, value | DELETE): each broke an invariant before its fix (exit 1, "unexpected
+# error", or a config `check` called ready). Found by mutating keys the bases leave at their
+# defaults, which is why the "add" mutation now draws from the schema's own keys.
 DELETE = object()
-REGRESSIONS: dict[str, tuple[str, tuple[Any, ...], Any]] = {}
+REGRESSIONS: dict[str, tuple[str, tuple[Any, ...], Any]] = {
+    "ledger-unknown-placeholder": ("demo", ("storage", "ledger"), "{x}"),  # KeyError: 'x'
+    "ledger-lone-brace": ("demo", ("storage", "ledger"), "{"),  # ValueError: Single '{'
+    "ledger-empty": ("demo", ("storage", "ledger"), ""),  # the ledger would be the repo dir
+    "user-nul": ("demo", ("storage", "user"), "a\x00b"),  # ValueError: embedded null byte
+    "repo-nul": ("slime", ("storage", "repo"), "/tmp/re\x00po"),  # ValueError: embedded null byte
+    "user-traversal": ("demo", ("storage", "user"), "../../x"),  # BREV_ROOT moved off the volume: ready
+    "shopsim-url-bad-ipv6": ("demo", ("shopsim", "url"), "http://[::1"),  # ValueError: Invalid IPv6 URL
+    "val-url-bad-port": ("slime", ("val", "url"), "http://127.0.0.1:99999"),  # crashed in round values
+    "name-too-long": ("demo", ("campaign", "name"), "a" * 300),  # ENAMETOOLONG at run: ready
+    "rounds-bool": ("demo", ("campaign", "rounds"), True),  # one round: ready
+    "interval-nan": ("demo", ("disk", "interval"), float("nan")),  # never wakes: ready
+    "size-overflow": ("demo", ("disk", "ballast"), "9" * 400 + "GiB"),  # OverflowError: int(inf)
+    "duration-overflow": ("slime", ("campaign", "deadline"), "9" * 400 + "d"),  # OverflowError
+    "vars-forward": ("slime", ("vars", "slime_dir"), "{nvidia}/slime"),  # KeyError at check
+    "project-root-missing": ("demo", ("storage", "project_root"), "/nonexistent/shoprld-15"),  # ready
+}
 
 
 def _apply(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -236,6 +254,14 @@ def _apply(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str,
 
 @pytest.mark.parametrize("case", sorted(REGRESSIONS) or [pytest.param("none", marks=pytest.mark.skip("none yet"))])
 def test_fuzzer_regressions(bases: dict[str, tuple[Path, dict[str, Any]]], case: str) -> None:
-    """Every example the fuzzer found, replayed: the invariants hold."""
+    """Every example the fuzzing found, replayed: refused (exit 3) in one line, no traceback, no canary."""
     name, path, value = REGRESSIONS[case]
-    check_one(bases, name, _apply(bases[name][1], path, value))
+    file = bases[name][0]
+    original = file.read_text()
+    try:
+        file.write_text(dump_toml(_apply(bases[name][1], path, value)))
+        code, out, err = run_check(file)
+    finally:
+        file.write_text(original)
+    assert_invariants(code, out, err)
+    assert code == 3 and ".".join(map(str, path)) in err, err
