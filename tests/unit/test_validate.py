@@ -116,7 +116,7 @@ CONFIG_CASES: dict[str, tuple[dict[str, str], str]] = {
     "command-path-missing": ({r'^command = \["\{python\}", "\{demo_dir\}/shopsim.py"\]$':
                               'command = ["{demo_dir}/no-such-start.sh"]'}, "shopsim.command[0]: "),
     "env-nul": ({r'DEMO_CKPT_BYTES = "1048576"': r'DEMO_CKPT_BYTES = "1\\u0000"'},
-                "train.env.DEMO_CKPT_BYTES: expands to a value with a NUL byte"),
+                "train.env.DEMO_CKPT_BYTES: contains a NUL byte"),
     "env-name-with-equals": ({r'DEMO_CKPT_BYTES = "1048576"': r'"A=B" = "1"'},
                              "train.env.A=B: is not a usable environment variable name"),
 }
