@@ -965,6 +965,11 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     cfg = load_config(config)
     layout = Layout.from_config(cfg)
     secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
+    # child starts (the same function: issue 15).
+    from .validate import validate
+
+    validate(cfg, layout)
     set_secrets(secrets)
     configure(level="DEBUG" if debug else "INFO")
     secrets.require(cfg.required_secrets())
