@@ -24,6 +24,11 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
+    from .metrics import extras_problem
+
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        problems.append(missing)
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
     from .commands import round_values
     from .preflight import real_stack_problems
