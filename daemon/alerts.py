@@ -213,6 +213,9 @@ class Alerts:
         except anyio.WouldBlock:
             self.journal("notify.dropped", notify_event=event, reason="queue full")
             return False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):  # the worker has ended (shutdown)
+            self.journal("notify.dropped", notify_event=event, reason="the sender has stopped")
+            return False
         self.dedupe.mark(msg.key, msg.time)
         self._pending += 1
         self._idle = anyio.Event() if self._idle.is_set() else self._idle

@@ -104,7 +104,8 @@ def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, k
     for p in PATTERNS:
         if p.test is not None:
             if p.test(log_tail):
-                return Cause(p.name, _matching_line(log_tail, ("No space left", "ENOSPC", "Errno 28", "quota")),
+                return Cause(p.name, _matching_line(log_tail, ("No space left", "ENOSPC", "Errno 28", "quota",
+                                                                "PytorchStreamWriter")),
                              p.advice)
             continue
         assert p.regex is not None
