@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +99,15 @@ def _run(argv: Sequence[str], timeout: float) -> str:
     return text if cp.returncode == 0 else f"{text}\n(exit status {cp.returncode})\n"
 
 
-async def dump_stacks(dest: Path, sid: int, redactor: Redactor, *, limit: int = 8, timeout: float = 20.0) -> Path:
+async def dump_stacks(dest: Path, sid: int, redactor: Redactor, *, limit: int = 8, timeout: float = 20.0,
+                      find_py_spy: Callable[[], str | None] = py_spy_binary) -> Path:
     """Write ``py-spy dump`` of each process of session ``sid`` into ``dest/py-spy.txt``.
 
     Call it while the processes still hang (before the stop): a dump of a dead process says
     nothing. When py-spy is absent, the file says so."""
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / PY_SPY_FILE
-    binary = py_spy_binary()
+    binary = find_py_spy()  # a seam: tests pass one that finds nothing
     if binary is None:
         out.write_text(PY_SPY_ABSENT)
         return out
