@@ -135,3 +135,16 @@ def test_the_same_cuda_oom_twice_fails_with_advice_and_pages_once_across_restart
     assert any(j["event"] == "notify.deduped" and j["notify_event"] == "failed" for j in journal(tmp_path))
     attempts = sorted(p.name for p in next((tmp_path / "ephemeral").rglob("attempts")).iterdir())
     assert attempts == ["round-000-TRAIN-1", "round-000-TRAIN-2", "round-000-TRAIN-3", "round-000-TRAIN-4"]
+
+
+def test_inotify_watch_limit_in_the_trainer_log_is_not_a_disk_park(tmp_path: Path) -> None:
+    """`[Errno 28] inotify watch limit reached` in the trainer's log is a failed attempt (retried,
+    then exit 6), not a full disk: TRAIN uses disk.log_says_enospc, not its own regex."""
+    trainer = tmp_path / "inotify_trainer.py"
+    trainer.write_text('import sys\nprint("OSError: [Errno 28] inotify watch limit reached", flush=True)\n'
+                       'sys.exit(1)\n')
+    campaign = make_tree(tmp_path, rounds=1, edits={r"\{demo_dir\}/slime_train\.py": str(trainer),
+                                                    r"^retries = 3$": "retries = 1"})
+    proc = run_daemon(campaign, timeout=180)
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    assert not any(j.get("dst") == "PAUSED_DISK" for j in journal(tmp_path))
