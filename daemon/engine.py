@@ -429,8 +429,9 @@ class Engine:
                          cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
 
     def _notify_recovered(self, state: State) -> None:
-        """A stage completed after a failed attempt or an unclean daemon restart."""
-        if self.recovering:
+        """A round stage completed after a failed attempt or an unclean daemon restart (not
+        PREFLIGHT_DISK, which passes before the work that died is retried)."""
+        if self.recovering and state in ROUND_STATES:
             self._alert("recovered", f"{state.value} completed after {self.recovering}")
             self.recovering = None
 
