@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoprld.daemon import bundles
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, run_daemon, status
+from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (fixture)
 from tests.receiver import Receiver
 
 KIT = """
@@ -148,3 +149,20 @@ def test_inotify_watch_limit_in_the_trainer_log_is_not_a_disk_park(tmp_path: Pat
     proc = run_daemon(campaign, timeout=180)
     assert proc.returncode == 6, proc.stderr[-2000:]
     assert not any(j.get("dst") == "PAUSED_DISK" for j in journal(tmp_path))
+
+
+def test_a_disk_park_pages_parked(tmpfs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A volume too small for the campaign (a real tmpfs) parks in PAUSED_DISK: exit 4 and one
+    `parked` page that says why."""
+    from tests.integration.test_disk_guard import _tree
+
+    volume = tmpfs("36m")
+    with Receiver() as r:
+        campaign = _tree(tmp_path, volume, rounds=4)
+        campaign.write_text(campaign.read_text() + KIT.format(prom=tmp_path / "textfile" / "shoprld.prom"))
+        env = tmp_path / "repo" / ".env"
+        env.write_text(env.read_text() + f"SHOPRLD_WEBHOOK_URL={r.url}\n")
+        proc = run_daemon(campaign)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert r.events()[-1] == "parked" and r.events().count("parked") == 1
+    assert "parked in PAUSED_DISK: free" in r.requests[-1].json()["message"]
