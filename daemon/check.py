@@ -28,6 +28,11 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
+    from .metrics import extras_problem
+
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        problems.append(missing)
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
     if not any(p.template for p in invalid):  # the templates expand: safe to read the must_exist paths
         from .commands import round_values

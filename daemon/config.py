@@ -434,6 +434,46 @@ class PreflightSection(_Model):
     convert_hint: str = ""
 
 
+NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest")
+_ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class NotifyEndpoint(_Model):
+    """One receiver of operator notifications (daemon/alerts.py). The URL and the token are
+    names of .env keys: their values never appear in a file of ours or in any argv."""
+
+    kind: Literal["webhook", "slack", "ntfy"]
+    url_env: str = Field(pattern=_ENV_KEY)
+    # ntfy: an access token sent as "Authorization: Bearer ..." (optional).
+    token_env: str = Field(default="", pattern=r"^$|^[A-Za-z_][A-Za-z0-9_]*$")
+    events: tuple[str, ...] = NOTIFY_EVENTS
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [e for e in v if e not in NOTIFY_EVENTS]
+        if bad:
+            raise ValueError(f"unknown event {bad[0]!r}; fix: use some of {', '.join(NOTIFY_EVENTS)}")
+        return v
+
+
+class NotifySection(_Model):
+    endpoints: tuple[NotifyEndpoint, ...] = ()
+    # A daily summary at this local time ("08:00"); "" for none.
+    digest_at: str = Field(default="", pattern=r"^$|^([01][0-9]|2[0-3]):[0-5][0-9]$")
+    # The same event (kind, round, state, cause) is sent once per window, across restarts.
+    dedupe_window: Duration = 3600.0
+    timeout: Duration = 10.0
+    retries: int = Field(default=3, ge=0)
+    backoff: Duration = 2.0
+    queue: int = Field(default=100, ge=1)
+
+
+class MetricsSection(_Model):
+    # A node_exporter textfile (e.g. /var/lib/node_exporter/textfile/shoprld.prom); None: off.
+    textfile: Path | None = None
+
+
 class Config(_Model):
     """A whole campaign, frozen. ``source`` is the file it came from."""
 
@@ -451,6 +491,8 @@ class Config(_Model):
     wandb: WandbSection = WandbSection()
     secrets: SecretsSection = SecretsSection()
     preflight: PreflightSection = PreflightSection()
+    notify: NotifySection = NotifySection()
+    metrics: MetricsSection = MetricsSection()
     vars: dict[str, str] = {}
     source: Path = Path("campaign.toml")
 
@@ -539,6 +581,10 @@ class Config(_Model):
         ):
             for k in names:
                 need.setdefault(k, f"{sec_name}.secrets")
+        for i, ep in enumerate(self.notify.endpoints):
+            need.setdefault(ep.url_env, f"notify.endpoints[{i}].url_env")
+            if ep.token_env:
+                need.setdefault(ep.token_env, f"notify.endpoints[{i}].token_env")
         return need
 
 
@@ -725,6 +771,7 @@ _PATH_KEYS = {
     "sidecar": ("cwd", "conda_prefix"),
     "val": ("cwd", "conda_prefix"),
     "gate": ("cwd", "conda_prefix"),
+    "metrics": ("textfile",),
 }
 
 

@@ -43,12 +43,15 @@ from shoprld.states import (
     val,
 )
 
+from . import bundles
+from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
+from .alerts import Alerts
 from .config import Config, ProcessSpec, load_config, resolve_deadline
-from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
+from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
 from .layout import Layout
-from .machine import ADVANCE, ROUND_STATES, Machine, State
+from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
 from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
@@ -86,6 +89,8 @@ def _maybe_die(state: State, point: str, round_index: int) -> None:
     marker.touch()
     os.kill(os.getpid(), signal.SIGKILL)
 log = structlog.get_logger("shoprld.engine")
+# How long the daemon waits at exit for queued notifications (the final "done"/"failed").
+ALERT_DRAIN_S = 30.0
 
 
 def demo_dir() -> Path:
@@ -162,7 +167,19 @@ class Engine:
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
         self.demo_dir = demo_dir()
-        self.notifier = Notifier(redactor=self.redactor)
+        self.notifier = Notifier(redactor=self.redactor)  # sd_notify (systemd)
+        # Operator notifications (webhook/Slack/ntfy), sent by a task of their own.
+        self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal)
+        self.metrics: Any = None
+        if cfg.metrics.textfile is not None:
+            from .metrics import TextfileMetrics
+
+            self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
+        # Per failed attempt (issue 18): the cause of each state's last failure (the policy),
+        # and what the running attempt started with (its log offset, its argv and exit).
+        self.last_cause: dict[str, str] = {}
+        self.attempt_info: dict[str, Any] = {}
+        self.recovering: str | None = None  # set by a failure or an unclean restart; "recovered" on success
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
@@ -179,7 +196,10 @@ class Engine:
                     tg.start_soon(self._signals)
                     tg.start_soon(self._control)
                     tg.start_soon(self._watchdog)
+                    tg.start_soon(self.alerts.run)
+                    tg.start_soon(self.alerts.digest_loop, self.store.journal)
                     code = await self._drive(tg)
+                    await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
                     tg.cancel_scope.cancel()
             aclose = getattr(self._raw_launcher, "aclose", None)
             if aclose is not None:  # e.g. a Ray head this daemon started
@@ -214,7 +234,13 @@ class Engine:
             "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
+            "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
+                         "stalls": int((data.get("counters") or {}).get("stalls", 0))},
         }
+        prev_state = data.get("state")
+        if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
+            self.state_data["counters"]["restarts"] += 1
+            self.recovering = f"the daemon restarted after dying in {prev_state}"
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
@@ -235,6 +261,7 @@ class Engine:
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
             "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
             "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
+            "last_failure": data.get("last_failure"),
             "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
         }
         last = ckpt.scan(self.layout.save_dir).latest_complete
@@ -301,6 +328,8 @@ class Engine:
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
+            await self._attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
+            self._alert("failed", str(outcome))
             self.snap["last_error"] = str(outcome)
             self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
             log.error("stage.error", state=state.value, error=str(outcome))
@@ -315,7 +344,9 @@ class Engine:
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
+            self.last_cause.pop(state.value, None)
             self.attempt = 1
+            self._notify_recovered(state)
             if state is State.NEXT_ROUND:
                 self._round_finished()
             if self.park_pending:
@@ -324,7 +355,17 @@ class Engine:
                     self.stop.mode == "round" and state is State.NEXT_ROUND:
                 return await self._stop_now(EXIT_OK, "requested")
             return await self._advance(state)
+        cause = await self._attempt_failed(state, attempt, outcome) \
+            if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
+            assert cause is not None
+            if outcome.data.get("stall"):
+                self._alert("stalled", outcome.message)
+            if cause.name in causes.NO_THIRD_TRY and self.last_cause.get(state.value) == cause.name:
+                return await self._fail(f"{state.value} failed twice in a row with {cause.name} ({cause.detail}); "
+                                        f"not retried a third time; fix: {cause.advice}", EXIT_STAGE, "failed")
+            self.last_cause[state.value] = cause.name
+            self.state_data["counters"]["restarts"] += 1
             n = 0 if outcome.data.get("progressed") else self.failures.get(state.value, 0) + 1
             self.failures[state.value] = n
             spec = self._spec(state)
@@ -351,6 +392,62 @@ class Engine:
         if outcome.kind == "gate_stop":
             return await self._fail(outcome.message, EXIT_GATE, "gate")
         return await self._fail(outcome.message, EXIT_STAGE, "failed")
+
+    # -- failure causes, crash bundles, notifications (issue 18) -------------------------------
+    def _attempt_started(self, state: State) -> None:
+        """Remember where this attempt's part of the stage log begins, and when it began."""
+        log_path = self.layout.stage_log(self.round, state.value)
+        try:
+            offset = log_path.stat().st_size
+        except OSError:
+            offset = 0
+        self.attempt_info = {"state": state.value, "log": log_path, "offset": offset,
+                             "monotonic": time.monotonic(), "argv": [], "returncode": None}
+
+    async def _attempt_failed(self, state: State, attempt: int, outcome: base.Outcome) -> causes.Cause:
+        """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
+        info = self.attempt_info if self.attempt_info.get("state") == state.value else {}
+        log_path: Path = info.get("log") or self.layout.stage_log(self.round, state.value)
+        tail = bundles.read_tail(log_path)
+        try:  # only this attempt's part of the log: an earlier attempt's OOM is not this one's cause
+            size = log_path.stat().st_size
+            tail = tail[max(0, len(tail) - (size - int(info.get("offset", 0)))):]
+        except OSError:
+            pass
+        exit_status = outcome.data.get("returncode", info.get("returncode"))
+        stalled = bool(outcome.data.get("stall"))
+        cause = causes.classify(exit_status=exit_status, log_tail=tail, stalled=stalled,
+                                kernel_log=causes.kernel_log_since(float(info.get("monotonic", 0.0))))
+        rid = base.round_id(self.round)
+        dest = bundles.free_attempt_dir(self.layout.logs, rid, state.value, attempt)
+        problem = await bundles.write_bundle(
+            dest, round_id=rid, state=state.value, attempt=attempt, exit_status=exit_status,
+            cause=cause.to_json(), argv=info.get("argv") or [], message=outcome.message, log_path=log_path,
+            stalled=stalled, redactor=self.redactor, nvidia_smi=self.cfg.gpus.nvidia_smi)
+        if problem:
+            log.warning("bundle.write_failed", error=problem)
+        self.snap["last_failure"] = {"round": self.round, "round_id": rid, "state": state.value, "attempt": attempt,
+                                     "cause": cause.name, "detail": cause.detail, "advice": cause.advice,
+                                     "bundle": str(dest), "at": time.time()}
+        self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
+                      stalled=stalled, bundle=str(dest), message=outcome.message)
+        log.warning("attempt.failed", state=state.value, attempt=attempt, cause=cause.name, bundle=str(dest))
+        self.recovering = f"{state.value} failed ({cause.name})"
+        return cause
+
+    def _alert(self, event: str, text: str, *, failure: bool = True) -> None:
+        """Queue an operator notification about now; the last failure's cause rides along."""
+        lf = self.snap.get("last_failure") or {}
+        mine = failure and lf.get("round") == self.round
+        self.alerts.post(event, text, round=self.round, state=self.machine.state.value if not mine else lf.get("state"),
+                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
+
+    def _notify_recovered(self, state: State) -> None:
+        """A round stage completed after a failed attempt or an unclean daemon restart (not
+        PREFLIGHT_DISK, which passes before the work that died is retried)."""
+        if self.recovering and state in ROUND_STATES:
+            self._alert("recovered", f"{state.value} completed after {self.recovering}")
+            self.recovering = None
 
     async def _advance(self, state: State) -> int | None:
         """Leave ``state`` (done or skipped) and enter the next one, skipping what is on disk."""
@@ -417,6 +514,7 @@ class Engine:
         ctx = self._ctx(attempt=attempt)
         spec = self._spec(state)
         structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
+        self._attempt_started(state)
         with anyio.CancelScope() as scope:
             self.stage_scope = scope
             outcome: base.Outcome | ShoprldError
@@ -537,6 +635,7 @@ class Engine:
         self._transition(self.machine.state, State.STOPPED, "stop", message=reason, resume_from=resume)
         self.snap["stop_reason"] = reason
         self._write_status(force=True)
+        self._alert("stopped", f"stopped ({reason}); resumes from {resume['state']}", failure=False)
         log.info("daemon.stopped", reason=reason, resume_from=resume)
         return code
 
@@ -547,6 +646,7 @@ class Engine:
         await self._stop_children()
         self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
         log.error("campaign.failed", message=message, exit_code=code)
+        self._alert("gate_stop" if reason == "gate" else "failed", message, failure=reason != "gate")
         self.final_message = message
         return code
 
@@ -556,6 +656,8 @@ class Engine:
         await self._stop_children()
         self._persist()
         log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)
+        self._alert("done", f"done ({reason}): {len(self.snap.get('rounds_done', []))} of "
+                    f"{self.cfg.campaign.rounds} rounds", failure=False)
         return code
 
     async def _park(self, reason: str) -> int | None:
@@ -572,6 +674,7 @@ class Engine:
         self.snap["last_error"] = reason
         self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
         log.warning("disk.parked", reason=reason, **numbers)
+        self._alert("parked", f"parked in PAUSED_DISK: {reason}", failure=False)
         if not self.wait_for_space:
             self.final_message = (f"parked in PAUSED_DISK: {reason}; fix: free space on "
                                   f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
@@ -823,7 +926,7 @@ class Engine:
             **self.state_data, "state": self.machine.state.value, "round": self.round, "seq": self.seq,
             "children": {r: c.record.to_json() for r, c in self.children.items()},
             "rounds_done": self.snap.get("rounds_done", []), "stop_reason": self.snap.get("stop_reason"),
-            "last_error": self.snap.get("last_error"),
+            "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
 
     def _persist(self) -> None:
@@ -857,6 +960,8 @@ class Engine:
             self.store.write_status(doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
+        if self.metrics is not None:
+            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
 
     def _emit(self, event: str, **fields: Any) -> None:
         log.info(event, **fields)
@@ -869,6 +974,9 @@ class Engine:
             self._write_status()
             self.notifier.status_of(self.snap)
         elif event == "train.stall":
+            self.state_data["counters"]["stalls"] += 1
+            if fields.get("policy") == "alert":  # "restart" alerts with the cause once the attempt ends
+                self._alert("stalled", f"trainer stalled: no step for {fields.get('idle_s')}s", failure=False)
             self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self._journal("train.stall", **fields)
             self._write_status(force=True)
@@ -879,7 +987,10 @@ class Engine:
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
+        elif event == "stage.exit":
+            self.attempt_info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
+            self.attempt_info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
             if fields.get("role") == "shopsim":
                 self._write_status(force=True)
@@ -914,6 +1025,9 @@ class Engine:
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
+        val = f"{primary.get('success_rate')}" if primary else "n/a"
+        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {gate_rec.get('decision', '?')}",
+                    failure=False)
         self._check_hygiene(f"after {ctx.round_id}")
 
     # -- repo hygiene (issue 9): before the first stage and after each round; never deletes ----------
@@ -972,7 +1086,12 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     validate(cfg, layout)
     set_secrets(secrets)
     configure(level="DEBUG" if debug else "INFO")
-    secrets.require(cfg.required_secrets())
+    secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
+    from .metrics import extras_problem
+
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        raise ConfigError(missing)
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
     code = anyio.run(engine.main)
     if code and engine.final_message:

@@ -469,6 +469,13 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
 
     err = st.get("last_error")
     kv("last error", (str(err), "red") if err else ("none", "dim"))
+    lf = _dict(st.get("last_failure"))
+    if lf:  # issue 18: the last failed attempt, its cause and its crash bundle
+        kv("failure", (f"{lf.get('round_id', '?')} {lf.get('state', '?')} attempt {lf.get('attempt', '?')}: "
+                       f"{lf.get('cause', 'unknown')}" + (f" ({lf['detail']})" if lf.get("detail") else ""), "red"))
+        if lf.get("advice"):
+            kv("", (f"fix: {lf['advice']}", ""))
+        kv("", (f"bundle: {lf.get('bundle', '?')}", "dim"))
     warnings = st.get("warnings")
     for i, w in enumerate(warnings if isinstance(warnings, list) else []):
         kv("warnings" if i == 0 else "", (f"! {w}", "yellow"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon.bundles import causes_of_round
 from shoprld.daemon.ledger import Ledger, git_info, make_row
 from shoprld.daemon.machine import State
 
@@ -50,7 +51,7 @@ async def run(ctx: RoundContext) -> Outcome:
         description=f"{ctx.round_id}: gate {gate.get('decision', '?')}, skillbank {inject.get('branch', '?')}"
         f", reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
         exp_dir=str(lay.exp_dir), checkpoint_path=str(checkpoint), artifacts_path=str(lay.artifacts),
-        cache_root=str(lay.cache_root),
+        cache_root=str(lay.cache_root), causes=causes_of_round(lay.logs, ctx.round_id),
     )
     ledger(ctx).append(row)
     _retention(ctx)

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import anyio
 
+from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon import gpus
+from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 
@@ -30,9 +32,6 @@ from .base import Outcome, RoundContext
 
 STATE = State.TRAIN
 ADOPTS: tuple[str, ...] = ("trainer", "sidecar")
-
-_ENOSPC = re.compile(r"No space left on device|ENOSPC|Disk quota exceeded|errno 28", re.IGNORECASE)
-
 
 def completed(ctx: RoundContext) -> bool:
     """The tracker reached this round's end iteration and that checkpoint is complete."""
@@ -89,6 +88,11 @@ async def run(ctx: RoundContext) -> Outcome:
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
         stalled = await _follow(ctx, trainer)
+        if stalled and trainer.alive() and not trainer.record.job_id:
+            # Where it hangs, for the crash bundle: only while it still hangs (issue 18).
+            dest = bundles.free_attempt_dir(ctx.layout.logs, ctx.round_id, STATE.value, ctx.attempt)
+            await bundles.dump_stacks(dest, trainer.record.pgid, ctx.secrets.redactor)
+            ctx.emit("train.stacks_dumped", path=str(dest / bundles.PY_SPY_FILE))
     finally:
         if trainer.alive():
             await trainer.stop(cfg.train.grace)
@@ -108,11 +112,12 @@ async def run(ctx: RoundContext) -> Outcome:
         await _stop_sidecar(ctx, sidecar)
         return Outcome.done(f"iter_{ctx.end_iteration:07d} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
-    if _ENOSPC.search(tail):
-        return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})", {"progressed": progressed})
+    if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
+        return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})",
+                       {"progressed": progressed, "returncode": trainer.returncode})
     return Outcome.retry(
         f"trainer exited (status {trainer.returncode}) before iter_{ctx.end_iteration:07d} was complete; "
-        f"see {ctx.log_path(STATE)}", progressed=progressed)
+        f"see {ctx.log_path(STATE)}", progressed=progressed, returncode=trainer.returncode)
 
 
 async def _start_sidecar(ctx: RoundContext) -> Child | None:
