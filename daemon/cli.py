@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", metavar="S")
     p.add_argument("--config-out", metavar="FILE", help="default: the old place relative to the repo")
 
+    p = sub.add_parser("report", help="write one self-contained HTML report of the campaign (needs the report extra)")
+    _config_arg(p)
+    p.add_argument("-o", "--output", metavar="OUT.html",
+                   help="where to write it (default: <campaign file's dir>/<campaign>-report.html)")
+
     p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
     _config_arg(p)
     p.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system one")
@@ -209,6 +214,12 @@ def cmd_import_campaign(args: argparse.Namespace) -> int:
 
     return int(_lifecycle(args).import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
                                                 opt(args.state_dir), config_out=opt(args.config_out)))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    return run_report(Path(args.config), Path(args.output) if args.output else None)
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
