@@ -165,6 +165,9 @@ class Engine:
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
+        self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
+        self._round_started_at: float | None = None
+        self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
@@ -296,8 +299,10 @@ class Engine:
             _maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
+        extra = {"step_seconds": self._round_step_s[1]} if state is State.TRAIN and self._round_step_s \
+            and self._round_step_s[0] == self.round else {}  # this round's median, for `shoprld report`
         self._journal("stage.outcome", sync=False, state=state.value, attempt=attempt, kind=outcome.kind,
-                      message=outcome.message)  # the store redacts
+                      message=outcome.message, **extra)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
@@ -800,6 +805,9 @@ class Engine:
         # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
         # a TRAIN event); a stage's own events name their state explicitly.
         rec = {"event": event, "seq": self.seq, "round": self.round, "state": self.machine.state.value, **fields}
+        disk = self.snap.get("disk")
+        if event in ("transition", "checkpoint.committed") and isinstance(disk, dict) and "free_bytes" not in rec:
+            rec["free_bytes"] = disk.get("free_bytes")  # the last sample: `shoprld report`'s free-disk series
         if event == "transition":
             rec["snapshot"] = self._state_doc()
         self.store.append(rec, sync=sync)
@@ -828,7 +836,9 @@ class Engine:
         if served is not None and served != self.cfg.shopsim.slots:
             warnings.append(f"shopsim at {self.cfg.shopsim.url} has {served} slots but shopsim.slots = "
                             f"{self.cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
-        return {**self.snap, "warnings": warnings, "shopsim": shop, "children": children, "deadline": deadline,
+        plan = self._plan()
+        warnings += [line for _, line in plan.problems()]
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -839,10 +849,37 @@ class Engine:
             return
         self._last_status_write = now
         doc = self._status_doc()
+        self._warn_plan()
         try:
             self.store.write_status(doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
+
+    def _plan(self) -> Any:
+        """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
+        from .planning import make_plan
+        from .preflight import forecast_for
+
+        disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
+        last = self.snap.get("last_checkpoint") or {}
+        in_round = self.machine.state in ROUND_STATES
+        return make_plan(
+            rounds=self.cfg.campaign.rounds, current=self.round,
+            durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
+            round_started_at=self._round_started_at, now=self.clock.time(),
+            train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
+            deadline=self.state_data.get("deadline"), free_bytes=disk.get("free_bytes"),
+            hard_limit_bytes=disk.get("hard_limit_bytes"),
+            need_bytes=forecast_for(self.cfg, last.get("bytes") or None).total)
+
+    def _warn_plan(self) -> None:
+        """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
+        for reason, line in self._plan().problems():
+            if (self.round, reason) in self._plan_warned:
+                continue
+            self._plan_warned.add((self.round, reason))
+            log.warning("plan.next_round_wont_fit", reason=reason, message=line)
+            self._journal("plan.next_round_wont_fit", sync=False, reason=reason, message=line)
 
     def _emit(self, event: str, **fields: Any) -> None:
         log.info(event, **fields)
@@ -850,6 +887,7 @@ class Engine:
             self.snap["step"] = fields.get("step", self.snap.get("step", 0))
             if fields.get("step_seconds"):
                 self.snap["step_seconds"] = fields["step_seconds"]
+                self._round_step_s = (self.round, float(fields["step_seconds"]))
                 left = self.cfg.campaign.steps_per_round - self.snap["step"]
                 self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self._write_status()
@@ -880,9 +918,12 @@ class Engine:
     # -- rounds and the deadline -------------------------------------------------------------------------
     def _mark_round_started(self) -> None:
         path = self.layout.artifacts / "round" / f"{base.round_id(self.round)}.json"
-        if base.read_json(path) is None:
+        rec = base.read_json(path)
+        if rec is None:
+            rec = {"round": self.round, "started_at": self.clock.time()}
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {"round": self.round, "started_at": self.clock.time()})
+            atomic_write_json(path, rec)
+        self._round_started_at = _num(rec.get("started_at"))
 
     def _round_finished(self) -> None:
         ctx = self._ctx()
@@ -941,6 +982,10 @@ class Engine:
         return None
 
 
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,

@@ -221,7 +221,7 @@ def test_human_view_mid_campaign() -> None:
     out = dict(snapshot(), daemon={"alive": True, "pid": 4242, "last_seen": NOW - 1, "started_at": NOW - 7380})
     text = human(out)
     assert "daemon     alive (pid 4242, up 2h03m)" in text
-    assert "TRAIN  round 3/5 (round-002)" in text
+    assert "TRAIN  round-002 (3 of 5)" in text
     assert re.search(r"█+░+ 12/20  60%  41\.2 s/step  ETA 5m30s", text)
     assert "iteration 59, 2m05s ago, 52.9 GiB" in text
     assert "free 612 GiB of 2.0 TiB  (soft 64.0 GiB, hard 10.0 GiB)  12.3M inodes free  [ok]" in text
@@ -352,7 +352,7 @@ def test_terminal_view_uses_rich_and_honours_no_color(campaign: tuple[Path, Path
     if no_color:
         env["NO_COLOR"] = "1"
     text = _run_in_pty([sys.executable, "-m", "shoprld.daemon.cli", "status", "-c", str(cfg)], env)
-    assert "round 3/5 (round-002)" in text and "stop condition not yet met" in text
+    assert "round-002 (3 of 5)" in text and "stop condition not yet met" in text
     assert bool(_color_codes(text)) is not no_color
 
 
