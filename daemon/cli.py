@@ -59,17 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--wait-for-space", action="store_true",
                    help="when parked for disk, stay alive and resume once space is back")
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
 
     p = sub.add_parser("demo", help="run a whole campaign on the built-in demo stack")
     p.add_argument("--dir", metavar="D", help="where to put the demo tree (default: a new temp dir)")
     p.add_argument("--fast", action="store_true", help="shortest step times (for tests)")
-    p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
+    p.add_argument("--rounds", type=int, default=None, metavar="N", help="run N rounds instead of the recipe's")
 
     p = sub.add_parser("status", help="where the campaign stands (works with or without the daemon)")
     _config_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in README)")
     p.add_argument("--watch", action="store_true", help="refresh live")
-    p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes with --watch (default 1)")
 
     p = sub.add_parser("stop", help="ask the daemon to stop gracefully")
     _config_arg(p)
@@ -88,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ledger", help="print the campaign's ledger")
     _config_arg(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="every column of every row, as a JSON list")
 
     p = sub.add_parser("clean", help="write a reproducibility record, then delete this campaign's heavy dirs")
     _config_arg(p)
@@ -96,12 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-final", action="store_true", help="keep the final checkpoint (resumable)")
     p = sub.add_parser("export-campaign", help="bundle the small state for another machine")
     _config_arg(p)
-    p.add_argument("out", metavar="OUT.tar")
+    p.add_argument("out", metavar="OUT.tar", help="the bundle to write (a tar file)")
     p = sub.add_parser("import-campaign", help="re-point an exported campaign at this machine's roots")
-    p.add_argument("bundle", metavar="OUT.tar")
-    p.add_argument("--repo", required=True, metavar="R")
-    p.add_argument("--ephemeral-root", required=True, metavar="E")
-    p.add_argument("--state-dir", metavar="S")
+    p.add_argument("bundle", metavar="OUT.tar", help="a bundle written by export-campaign")
+    p.add_argument("--repo", required=True, metavar="R", help="this machine's checkout of the repo")
+    p.add_argument("--ephemeral-root", required=True, metavar="E", help="this machine's volume (the ephemeral root)")
+    p.add_argument("--state-dir", metavar="S", help="the daemon's state dir here (default: the usual one for the campaign)")
     p.add_argument("--config-out", metavar="FILE", help="default: the old place relative to the repo")
 
     p = sub.add_parser("report", help="write one self-contained HTML report of the campaign (needs the report extra)")
@@ -163,13 +167,15 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine import run_campaign
 
-    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space)
+    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
+                        verbose=args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds)
+    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds,
+                    verbose=args.verbose)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -938,6 +938,7 @@ class Engine:
                      "metric_name": "success_rate", "gate": gate_rec.get("decision"),
                      "branch": inject_rec.get("branch"), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
+        log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
@@ -989,15 +990,22 @@ def _num(v: Any) -> float | None:
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
-                 launcher: Launcher | None = None) -> int:
-    """``shoprld run``: load, check secrets, configure logging, run the engine."""
+                 launcher: Launcher | None = None, verbose: bool = False) -> int:
+    """``shoprld run``: load, check secrets, configure logging, run the engine.
+
+    The console gets JSON lines when piped or under systemd, the compact view on a
+    terminal, and every event with ``verbose`` or ``debug`` (daemon/console.py).
+    """
+    from .console import Campaign, terminal_mode
     from .logs import configure, set_secrets
 
     cfg = load_config(config)
     layout = Layout.from_config(cfg)
     secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
     set_secrets(secrets)
-    configure(level="DEBUG" if debug else "INFO")
+    mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
     secrets.require(cfg.required_secrets())
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space)
     code = anyio.run(engine.main)

@@ -29,6 +29,7 @@ EVENT = "plan.next_round_wont_fit"
 class Plan:
     """What ``status`` shows under ``plan`` (every field may be None: not known yet)."""
 
+    rounds: int
     median_round_seconds: float | None
     round_left_seconds: float | None      # the rest of the current round
     campaign_eta_seconds: float | None    # the rest of the campaign
@@ -43,12 +44,12 @@ class Plan:
 
     def problems(self) -> list[tuple[str, str]]:
         """(reason, one line) for each "no": reason is ``deadline`` or ``disk``."""
-        from .status import fmt_bytes, fmt_duration
+        from .status import fmt_bytes, fmt_duration, round_label
 
         out: list[tuple[str, str]] = []
         if self.next_round is None:
             return out
-        nxt = f"round-{self.next_round:03d}"
+        nxt = round_label(self.next_round, self.rounds)
         if self.fits_deadline is False:
             out.append(("deadline", f"{nxt} will not fit before the deadline (a round takes "
                                     f"~{fmt_duration(self.median_round_seconds)}); the campaign will stop "
@@ -80,6 +81,6 @@ def make_plan(*, rounds: int, current: int, durations: Sequence[float], round_st
         fits_deadline = now + left + median <= deadline
     room = free_bytes - hard_limit_bytes if free_bytes is not None and hard_limit_bytes is not None else None
     fits_disk = (room >= need_bytes) if nxt is not None and room is not None and need_bytes is not None else None
-    return Plan(median_round_seconds=median, round_left_seconds=left, campaign_eta_seconds=eta, next_round=nxt,
+    return Plan(rounds=rounds, median_round_seconds=median, round_left_seconds=left, campaign_eta_seconds=eta, next_round=nxt,
                 fits_deadline=fits_deadline, fits_disk=fits_disk, disk_need_bytes=need_bytes,
                 disk_room_bytes=room)
