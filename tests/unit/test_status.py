@@ -390,3 +390,23 @@ def test_watch_refreshes_until_ctrl_c(campaign: tuple[Path, Path], as_json: bool
         assert {f["step"] for f in frames} >= {3, 17}
     else:
         assert text.count("campaign   demo") >= 2 and "3/20" in text and "17/20" in text
+
+
+def test_shopsim_is_not_shown_healthy_once_the_campaign_ended() -> None:
+    """After DONE (or a park, stop or failure) the last health check is history, not "healthy"."""
+    for state in ("DONE", "FAILED", "PAUSED_DISK"):
+        out = dict(snapshot(), state=state, daemon={"alive": False, "pid": 4242, "last_seen": NOW - 5})
+        text = human(out)
+        line = next(ln for ln in text.splitlines() if ln.startswith("shopsim"))
+        assert "healthy" not in line and f"not running (stopped with the campaign, {state})" in line
+    dead = dict(snapshot(), daemon={"alive": False, "pid": 4242, "last_seen": NOW - 5})
+    assert "unknown (the daemon is not running)" in human(dead)
+
+
+def test_plan_line_shows_the_campaign_eta_and_whether_the_next_round_fits() -> None:
+    """status shows the campaign ETA and a NO when the next round does not fit the deadline or the disk."""
+    plan = {"median_round_seconds": 3600.0, "campaign_eta_seconds": 9000.0, "next_round": 3,
+            "fits_deadline": False, "fits_disk": True}
+    out = dict(snapshot(), plan=plan, daemon={"alive": True, "pid": 4242, "last_seen": NOW - 1, "started_at": NOW - 9})
+    assert "plan       campaign ETA 2h30m  (~1h00m a round)  next round-003 (4 of 5) fits: deadline NO, disk yes" \
+        in human(out)
