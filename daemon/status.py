@@ -488,7 +488,9 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
             def yes_no(v: Any) -> Part:
                 return ("yes", "green") if v is True else ("NO", "bold red") if v is False else ("?", "dim")
 
-            parts += [(f"  next {round_label(nxt, rounds)} fits: deadline ", ""), yes_no(plan.get("fits_deadline")),
+            has_deadline = _num(_dict(st.get("stop_conditions")).get("deadline")) or _num(st.get("deadline"))
+            parts += [(f"  next {round_label(nxt, rounds)} fits: deadline ", ""),
+                      yes_no(plan.get("fits_deadline")) if has_deadline else ("none set", "dim"),
                       (", disk ", ""), yes_no(plan.get("fits_disk"))]
         kv("plan", *parts)
 
