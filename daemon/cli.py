@@ -82,17 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adopt-state", action="store_true",
                    help="take over a state dir that records another campaign (other repo, volume or "
                         "experiment) instead of refusing it")
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
 
     p = sub.add_parser("demo", help="run a whole campaign on the built-in demo stack")
     p.add_argument("--dir", metavar="D", help="where to put the demo tree (default: a new temp dir)")
     p.add_argument("--fast", action="store_true", help="shortest step times (for tests)")
-    p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
+    p.add_argument("--rounds", type=int, default=None, metavar="N", help="run N rounds instead of the recipe's")
 
     p = sub.add_parser("status", help="where the campaign stands (works with or without the daemon)")
     _config_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in README)")
     p.add_argument("--watch", action="store_true", help="refresh live")
-    p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes with --watch (default 1)")
 
     p = sub.add_parser("stop", help="ask the daemon to stop gracefully")
     _config_arg(p)
@@ -111,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ledger", help="print the campaign's ledger")
     _config_arg(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="every column of every row, as a JSON list")
 
     p = sub.add_parser("clean", help="write a reproducibility record, then delete this campaign's heavy dirs")
     _config_arg(p)
@@ -119,13 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-final", action="store_true", help="keep the final checkpoint (resumable)")
     p = sub.add_parser("export-campaign", help="bundle the small state for another machine")
     _config_arg(p)
-    p.add_argument("out", metavar="OUT.tar")
+    p.add_argument("out", metavar="OUT.tar", help="the bundle to write (a tar file)")
     p = sub.add_parser("import-campaign", help="re-point an exported campaign at this machine's roots")
-    p.add_argument("bundle", metavar="OUT.tar")
-    p.add_argument("--repo", required=True, metavar="R")
-    p.add_argument("--ephemeral-root", required=True, metavar="E")
-    p.add_argument("--state-dir", metavar="S")
+    p.add_argument("bundle", metavar="OUT.tar", help="a bundle written by export-campaign")
+    p.add_argument("--repo", required=True, metavar="R", help="this machine's checkout of the repo")
+    p.add_argument("--ephemeral-root", required=True, metavar="E", help="this machine's volume (the ephemeral root)")
+    p.add_argument("--state-dir", metavar="S", help="the daemon's state dir here (default: the usual one for the campaign)")
     p.add_argument("--config-out", metavar="FILE", help="default: the old place relative to the repo")
+
+    p = sub.add_parser("report", help="write one self-contained HTML report of the campaign (needs the report extra)")
+    _config_arg(p)
+    p.add_argument("-o", "--output", metavar="OUT.html",
+                   help="where to write it (default: <campaign file's dir>/<campaign>-report.html)")
 
     p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
     _config_arg(p)
@@ -204,13 +213,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .engine import run_campaign
 
     return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
-                        adopt_state=args.adopt_state)
+                        adopt_state=args.adopt_state, verbose=args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds)
+    return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds,
+                    verbose=args.verbose)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -255,6 +265,12 @@ def cmd_import_campaign(args: argparse.Namespace) -> int:
 
     return int(_lifecycle(args).import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
                                                 opt(args.state_dir), config_out=opt(args.config_out)))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    return run_report(Path(args.config), Path(args.output) if args.output else None)
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:

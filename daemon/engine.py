@@ -183,6 +183,9 @@ class Engine:
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
+        self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
+        self._round_started_at: float | None = None
+        self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
@@ -339,8 +342,10 @@ class Engine:
             _maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
+        extra = {"step_seconds": self._round_step_s[1]} if state is State.TRAIN and self._round_step_s \
+            and self._round_step_s[0] == self.round else {}  # this round's median, for `shoprld report`
         self._journal("stage.outcome", sync=False, state=state.value, attempt=attempt, kind=outcome.kind,
-                      message=outcome.message)  # the store redacts
+                      message=outcome.message, **extra)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
@@ -917,6 +922,9 @@ class Engine:
         # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
         # a TRAIN event); a stage's own events name their state explicitly.
         rec = {"event": event, "seq": self.seq, "round": self.round, "state": self.machine.state.value, **fields}
+        disk = self.snap.get("disk")
+        if event in ("transition", "checkpoint.committed") and isinstance(disk, dict) and "free_bytes" not in rec:
+            rec["free_bytes"] = disk.get("free_bytes")  # the last sample: `shoprld report`'s free-disk series
         if event == "transition":
             rec["snapshot"] = self._state_doc()
         self.store.append(rec, sync=sync)
@@ -945,7 +953,9 @@ class Engine:
         if served is not None and served != self.cfg.shopsim.slots:
             warnings.append(f"shopsim at {self.cfg.shopsim.url} has {served} slots but shopsim.slots = "
                             f"{self.cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
-        return {**self.snap, "warnings": warnings, "shopsim": shop, "children": children, "deadline": deadline,
+        plan = self._plan()
+        warnings += [line for _, line in plan.problems()]
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -956,6 +966,7 @@ class Engine:
             return
         self._last_status_write = now
         doc = self._status_doc()
+        self._warn_plan()
         try:
             self.store.write_status(doc)
         except OSError as exc:
@@ -963,12 +974,39 @@ class Engine:
         if self.metrics is not None:
             self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
 
+    def _plan(self) -> Any:
+        """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
+        from .planning import make_plan
+        from .preflight import forecast_for
+
+        disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
+        last = self.snap.get("last_checkpoint") or {}
+        in_round = self.machine.state in ROUND_STATES
+        return make_plan(
+            rounds=self.cfg.campaign.rounds, current=self.round,
+            durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
+            round_started_at=self._round_started_at, now=self.clock.time(),
+            train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
+            deadline=self.state_data.get("deadline"), free_bytes=disk.get("free_bytes"),
+            hard_limit_bytes=disk.get("hard_limit_bytes"),
+            need_bytes=forecast_for(self.cfg, last.get("bytes") or None).total)
+
+    def _warn_plan(self) -> None:
+        """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
+        for reason, line in self._plan().problems():
+            if (self.round, reason) in self._plan_warned:
+                continue
+            self._plan_warned.add((self.round, reason))
+            log.warning("plan.next_round_wont_fit", reason=reason, message=line)
+            self._journal("plan.next_round_wont_fit", sync=False, reason=reason, message=line)
+
     def _emit(self, event: str, **fields: Any) -> None:
         log.info(event, **fields)
         if event == "train.progress":
             self.snap["step"] = fields.get("step", self.snap.get("step", 0))
             if fields.get("step_seconds"):
                 self.snap["step_seconds"] = fields["step_seconds"]
+                self._round_step_s = (self.round, float(fields["step_seconds"]))
                 left = self.cfg.campaign.steps_per_round - self.snap["step"]
                 self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self._write_status()
@@ -1005,9 +1043,12 @@ class Engine:
     # -- rounds and the deadline -------------------------------------------------------------------------
     def _mark_round_started(self) -> None:
         path = self.layout.artifacts / "round" / f"{base.round_id(self.round)}.json"
-        if base.read_json(path) is None:
+        rec = base.read_json(path)
+        if rec is None:
+            rec = {"round": self.round, "started_at": self.clock.time()}
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {"round": self.round, "started_at": self.clock.time()})
+            atomic_write_json(path, rec)
+        self._round_started_at = _num(rec.get("started_at"))
 
     def _round_finished(self) -> None:
         ctx = self._ctx()
@@ -1022,6 +1063,7 @@ class Engine:
                      "metric_name": "success_rate", "gate": gate_rec.get("decision"),
                      "branch": inject_rec.get("branch"), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
+        log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
@@ -1071,9 +1113,18 @@ class Engine:
 
 
 
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
-                 launcher: Launcher | None = None, adopt_state: bool = False) -> int:
-    """``shoprld run``: load, check secrets, configure logging, run the engine."""
+                 launcher: Launcher | None = None, adopt_state: bool = False, verbose: bool = False) -> int:
+    """``shoprld run``: load, check secrets, configure logging, run the engine.
+
+    The console gets JSON lines when piped or under systemd, the compact view on a
+    terminal, and every event with ``verbose`` or ``debug`` (daemon/console.py).
+    """
+    from .console import Campaign, terminal_mode
     from .logs import configure, set_secrets
 
     cfg = load_config(config)
@@ -1085,7 +1136,9 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
 
     validate(cfg, layout)
     set_secrets(secrets)
-    configure(level="DEBUG" if debug else "INFO")
+    mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
     from .metrics import extras_problem
 
