@@ -1,6 +1,6 @@
 """Random argv for the real CLI (issue 15's fuzzing): whatever the subcommand, flags and values
 (missing files, directories, /dev/null, FIFOs, garbage), the exit code is in the documented set
-and stderr is at most one line, with no traceback. Each example is a real child process, with a
+and a failure says so in at most one line of stderr, with no traceback. Each example is a real child process, with a
 timeout: a FIFO that blocks an open would show up as a timeout, not as a hung suite."""
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def _check(argv: list[str], world: dict[str, str]) -> None:
         pytest.fail(f"shoprld {real} hung (a blocking open?)")
     assert proc.returncode in DOCUMENTED, (real, proc.returncode, proc.stderr[-1500:])
     assert "Traceback" not in proc.stderr + proc.stdout, (real, proc.stderr[-1500:])
-    assert len(proc.stderr.strip().splitlines()) <= 1, (real, proc.stderr[-1500:])
+    # An error is one line. A command that succeeded may guide on stderr, keeping stdout for its
+    # product (install-service prints the unit on stdout and the systemctl steps on stderr).
+    if proc.returncode != 0:
+        assert len(proc.stderr.strip().splitlines()) <= 1, (real, proc.stderr[-1500:])
 
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
