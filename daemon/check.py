@@ -17,18 +17,18 @@ from .secrets import Secrets, load_secrets
 
 def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     """Everything that would stop `shoprld run` before any work, as one line each."""
-    from .preflight import preflight_problems
+    from .commands import round_values
+    from .preflight import preflight_problems, real_stack_problems, tmpdir_problems
 
-    problems: list[str] = []
+    values = round_values(cfg, layout, 0)
+    # A too-long TMPDIR first: it is a config error that only shows hours into a round.
+    problems: list[str] = [p.line() for p in tmpdir_problems(cfg, layout, values)]
     try:
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
-    from .commands import round_values
-    from .preflight import real_stack_problems
-
-    problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
+    problems.extend(p.line() for p in real_stack_problems(cfg, values))
     return problems
 
 

@@ -4,6 +4,7 @@ checks that read the same resolved values (emitted ports, printed commands, expo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import socket
@@ -32,6 +33,8 @@ CACHE = "/root/autodl-tmp/nemo-rl/root/cache"
 WANDB_KEY = "wandb-golden-key-0123456789abcdef"
 BAILIAN_KEY = "bailian-golden-key-0123456789abcdef"
 NVIDIA = "/root/miniconda3/envs/slime/lib/python3.12/site-packages/nvidia"
+TMP_LINK = "/tmp/shoprld-tmp-" + hashlib.sha1(f"{EXP}/tmp".encode()).hexdigest()[:10]
+RAY_LINK = "/tmp/shoprld-ray-" + hashlib.sha1(f"{EXP}/ray".encode()).hexdigest()[:10]
 
 # slime/scripts/models/qwen3.5-4B.sh
 MODEL_ARGS = [
@@ -102,10 +105,12 @@ SEED_RUNTIME_ENV = {
     "WANDB_GROUP": "qwen35-4b-train-100",
     "WANDB_MODE": "online",
     "WANDB_DIR": f"{EXP}/wandb",
-    "TMPDIR": f"{EXP}/tmp",
-    "TEMP": f"{EXP}/tmp",
-    "TMP": f"{EXP}/tmp",
-    "RAY_TMPDIR": f"{EXP}/ray",
+    # Not the seed's {EXP}/tmp (85 characters: Megatron's save socket would be too long for
+    # AF_UNIX): the etiquette's short /tmp links to the experiment's tmp and ray dirs.
+    "TMPDIR": TMP_LINK,
+    "TEMP": TMP_LINK,
+    "TMP": TMP_LINK,
+    "RAY_TMPDIR": RAY_LINK,
     "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torch/inductor",
     "TRITON_CACHE_DIR": f"{CACHE}/triton",
     "CUDA_CACHE_PATH": f"{CACHE}/cuda",
