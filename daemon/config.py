@@ -263,7 +263,8 @@ class TrainSection(ProcessSpec):
     launcher: Literal["local", "ray"] = "local"
     # emit_training_loop_round.py: writes <runs>/loop/<round>/{slime,analysis,val,gate}.yaml.
     emit_command: Command = ()
-    # `run_shopsimrl.py training check CFG --task-data F` must print {"status":"ready"}.
+    # `run_shopsimrl.py training check CFG --task-data F`: exit 0 and an indented JSON payload
+    # (the last top-level object of its output) with "status": "ready".
     check_command: Command = ()
     save_interval: int = Field(default=10_000, ge=1)
     # Round r ends at iteration (r+1)*steps_per_round + end_offset (seed: 0; slime's plain

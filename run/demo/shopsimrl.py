@@ -41,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -79,6 +80,25 @@ COLD_START = [
 
 def log(msg: str) -> None:
     print(f"{PROG}: {msg}", flush=True)
+
+
+def print_payload(payload: dict[str, Any]) -> None:
+    """How every real `training …` subcommand prints its result: once, at the end, indented."""
+    print(json.dumps(payload, ensure_ascii=False, indent=2, default=str), flush=True)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A tool config (the emitted YAMLs): block YAML, or JSON (valid YAML)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml  # the real tools read these with PyYAML
+    except ImportError:
+        data = json.loads(text)
+    else:
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a mapping")
+    return data
 
 
 # ---------------------------------------------------------------- skillbanks and curricula
@@ -200,29 +220,40 @@ def cmd_emit(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(a: argparse.Namespace) -> int:
-    def verdict(reason: str | None) -> int:
-        print(json.dumps({"status": "ready"} if reason is None else {"status": "error", "reason": reason}), flush=True)
-        return 0 if reason is None else 1
-
-    try:
-        cfg = c.read_json(a.config, "training config")
-    except c.DemoError as exc:
-        return verdict(str(exc))
+def check_payload(config: str, task_data: str) -> dict[str, Any]:
+    """The real `training check`'s payload (contracts/shopsimrl-tools.md §3.2), or an exception."""
+    cfg = load_config_file(config)
     for key in ("shopsim_environment_base_url", "shopsim_skillbank_path", "shopsim_curriculum_path",
                 "shopsim_training_output_dir"):
         if not cfg.get(key):
-            return verdict(f"{a.config}: {key} is missing")
-    for key in ("shopsim_skillbank_path", "shopsim_curriculum_path"):
-        if not Path(cfg[key]).is_file():
-            return verdict(f"{a.config}: {key} points to a missing file {cfg[key]}")
+            raise KeyError(f"{config}: {key} is missing")
+    for key in ("shopsim_episode_concurrency", "shopsim_max_steps", "shopsim_max_consecutive_failed_groups"):
+        if isinstance(cfg.get(key), bool) or not isinstance(cfg.get(key), int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be an integer >= 1")
+    bank = c.read_json(cfg["shopsim_skillbank_path"], "skillbank")
+    curriculum = c.read_json(cfg["shopsim_curriculum_path"], "curriculum")
+    if curriculum.get("source", {}).get("skillbank_sha256") != c.fingerprint(bank):
+        raise ValueError("skillbank sha256 does not match curriculum.source.skillbank_sha256")
+    lines = [json.loads(ln) for ln in Path(task_data).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"task data {task_data} is empty")
+    return {"status": "ready", "scope": "offline_inputs_only", "round_id": str(curriculum.get("round_id")),
+            "curriculum_state_id": curriculum.get("state_id"), "skillbank_sha256": c.fingerprint(bank),
+            "active_chunks": len(curriculum.get("chunks") or []), "training_tasks": len(lines),
+            "skill_free_probability": float(curriculum.get("skill_free_probability", 0.0)),
+            "episode_concurrency": cfg["shopsim_episode_concurrency"]}
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    """Like the real check: the indented payload and exit 0, or a traceback on stderr, exit 1,
+    and nothing on stdout (never a JSON error)."""
     try:
-        lines = [ln for ln in Path(a.task_data).read_text(encoding="utf-8").splitlines() if ln.strip()]
-        for ln in lines:
-            json.loads(ln)
-    except (OSError, ValueError) as exc:
-        return verdict(f"task data {a.task_data} is unreadable: {exc}")
-    return verdict(None if lines else f"task data {a.task_data} is empty")
+        payload = check_payload(a.config, a.task_data)
+    except Exception:  # the real CLI lets every exception escape: a traceback and exit 1
+        traceback.print_exc(file=sys.stderr)
+        return 1
+    print_payload(payload)
+    return 0
 
 
 # ---------------------------------------------------------------- the Failure Analyst

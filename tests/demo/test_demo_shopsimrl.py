@@ -75,14 +75,24 @@ def test_emit_writes_the_four_round_configs(tmp_path: Path) -> None:
     assert cfgs["gate"]["online_gate"]["bare_run_dir"].endswith(f"runs/{ROUND}-bare-val")
 
 
-def test_check_reports_ready_or_error(tmp_path: Path) -> None:
-    """training check prints {"status":"ready"} (exit 0), or an error with a reason (exit 1)."""
+CHECK_KEYS = ["status", "scope", "round_id", "curriculum_state_id", "skillbank_sha256", "active_chunks",
+              "training_tasks", "skill_free_probability", "episode_concurrency"]
+
+
+def test_check_prints_the_real_indented_payload_or_a_traceback(tmp_path: Path) -> None:
+    """training check prints the real tool's indented 9-key payload (exit 0), or, like the real tool,
+    a traceback on stderr with nothing on stdout (exit 1), never a JSON error."""
     loop = make_project(tmp_path, "http://127.0.0.1:1", "http://127.0.0.1:2")
     tasks = tmp_path / "artifacts/cold-start/train_tasks.jsonl"
     ok = tool("training", "check", str(loop / "slime.yaml"), "--task-data", str(tasks))
-    assert ok.returncode == 0 and json.loads(ok.stdout) == {"status": "ready"}
+    assert ok.returncode == 0, ok.stderr
+    payload = json.loads(ok.stdout)
+    assert list(payload) == CHECK_KEYS and payload["status"] == "ready" and payload["round_id"] == ROUND
+    assert ok.stdout == json.dumps(payload, ensure_ascii=False, indent=2) + "\n"  # indented, many lines
+    assert isinstance(payload["active_chunks"], int) and isinstance(payload["skill_free_probability"], float)
     bad = tool("training", "check", str(loop / "slime.yaml"), "--task-data", str(tmp_path / "none.jsonl"))
-    assert bad.returncode == 1 and json.loads(bad.stdout)["status"] == "error"
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.startswith("Traceback (most recent call last):") and "FileNotFoundError" in bad.stderr
 
 
 def test_build_curriculum_is_atomic_and_deterministic(tmp_path: Path) -> None:
