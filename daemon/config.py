@@ -315,7 +315,9 @@ class ValSection(ProcessSpec):
     ready_timeout: Duration = 600.0
     concurrency: int = Field(default=32, ge=1)
     tasks: int = Field(default=400, ge=1)
-    min_coverage: float = Field(default=1.0, gt=0, le=1)
+    # The real loop never checks coverage (the gate drops unpaired episodes); a few episodes
+    # that exhaust their 3 attempts must not rerun the whole split. Below this: rerun fresh.
+    min_coverage: float = Field(default=0.95, gt=0, le=1)
     reuse_server: bool = False
     server_grace: Duration = 30.0
 
@@ -325,6 +327,11 @@ class GateSection(ProcessSpec):
     analyze_secrets: tuple[str, ...] = ()
     overlap_analyze: bool = True
     policy: Literal["continue", "retry", "stop"] = "continue"
+    # A "silent empty" analysis (success-shaped, 0 candidates, every card an ANALYST_ERROR: no
+    # analyst key, or a wrong ShopSim URL in the analyst's config): continue (the seed's loop
+    # does; the round still trains, the gate then only re-weighs the current skills), retry
+    # the analysis (up to gate.retries), or stop (exit 5). Always journaled, shown and ledgered.
+    empty_analysis: Literal["continue", "retry", "stop"] = "continue"
 
 
 class InjectSection(ProcessSpec):

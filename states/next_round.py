@@ -47,14 +47,30 @@ async def run(ctx: RoundContext) -> Outcome:
         launcher=ctx.cfg.train.launcher, job_id=str(started.get("job_id", "")),
         command=" ".join(ctx.argv(ctx.cfg.train.command)), log_path=str(ctx.log_path(State.TRAIN)),
         status="keep" if inject.get("branch") == "selected" else "discard",
-        description=f"{ctx.round_id}: gate {gate.get('decision', '?')}, skillbank {inject.get('branch', '?')}"
-        f", reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
+        description=_description(ctx.round_id, gate, inject, primary, summary),
         exp_dir=str(lay.exp_dir), checkpoint_path=str(checkpoint), artifacts_path=str(lay.artifacts),
         cache_root=str(lay.cache_root),
     )
     ledger(ctx).append(row)
     _retention(ctx)
     return Outcome.done("round recorded")
+
+
+def _description(rid: str, gate: dict, inject: dict, primary: dict, summary: dict) -> str:  # type: ignore[type-arg]
+    """The ledger's description: gate, branch, reward, the bare val's coverage, and what went
+    wrong with the analysis (a fallback, which loses the proposal ledger, or a silent empty one)."""
+    counts = summary.get("counts") if isinstance(summary.get("counts"), dict) else {}
+    coverage = counts.get("coverage")
+    parts = [f"{rid}: gate {gate.get('decision', '?')}", f"skillbank {inject.get('branch', '?')}",
+             f"reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
+             f"coverage {coverage:.4g}" if isinstance(coverage, (int, float)) else "coverage ?"]
+    if gate.get("dropped_pairs"):
+        parts.append(f"{gate['dropped_pairs']} gate pairs dropped")
+    if gate.get("analysis_status") in ("failed", "silent_empty"):
+        parts.append(str(gate.get("analysis_note") or gate["analysis_status"]))
+    if gate.get("gate_error"):
+        parts.append(f"gate error: {gate['gate_error']}")
+    return ", ".join(parts)
 
 
 def _retention(ctx: RoundContext) -> None:

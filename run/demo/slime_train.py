@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -43,6 +44,29 @@ MAX_FAILED_GROUPS = 8  # slime aborts the job after 8 consecutive unscored group
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def slime_log(msg: str, where: str = "train.py:0") -> None:
+    """slime's logging format (`slime/observability/logging_utils.py`): `[time] file:line - msg`."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {where} - {msg}", flush=True)
+
+
+def read_tracker(load_dir: str) -> tuple[int, Path] | None:
+    """Megatron's `read_metadata`: the tracker holds an integer or `release` (iteration 0, dir
+    `release/`); anything else (`iter_N` included) is an error and the job dies."""
+    path = Path(load_dir) / c.TRACKER
+    try:
+        raw = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if raw == "release":
+        return 0, Path(load_dir) / "release"
+    try:
+        iteration = int(raw)
+    except ValueError:
+        # Megatron prints this and calls sys.exit(); inside slime's train actor that fails the job.
+        raise c.DemoError(f"ERROR: Invalid metadata file {path}. Exiting", 1) from None
+    return iteration, Path(load_dir) / c.iter_dir_name(iteration)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -139,14 +163,46 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     return c.load_checkpoint(d)["weights_digest"]
 
 
+def save_hf(out: str, weights_digest: str, hf_bytes: int, config: bytes) -> None:
+    """slime's `--save-hf` order (`hf_checkpoint_saver.py`): delete the old weights and index,
+    copy config.json, write shards under temp names and rename them, the index LAST. The bytes
+    equal the converter's (`_common.write_hf_dir`), only the order differs."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    for old in [*d.glob("*.safetensors"), *d.glob("*.bin"), d / c.HF_INDEX]:
+        old.unlink(missing_ok=True)
+    c.write_fsync(d / "config.json", config)
+    plan = c.hf_tensor_plan(hf_bytes)
+    per = -(-len(plan) // c.HF_SHARDS)
+    shards = [plan[i * per:(i + 1) * per] for i in range(c.HF_SHARDS)]
+    files = [f"model-{i + 1:05d}-of-{c.HF_SHARDS:05d}.safetensors" for i in range(c.HF_SHARDS)]
+    total = 0
+    for k, (file, shard) in enumerate(zip(files, shards)):
+        header, offsets = c.safetensors_header(shard)
+        total += offsets[-1][1] if offsets else 0
+
+        def body(header: bytes = header, shard: list[Any] = shard, offsets: list[Any] = offsets) -> Any:
+            yield header
+            for (name, _, _), (begin, stop) in zip(shard, offsets):
+                yield from c.det_stream(f"hf:{weights_digest}:{name}".encode(), stop - begin)
+
+        c.write_fsync(d / f"model-{k}.safetensors", body())
+        os.replace(d / f"model-{k}.safetensors", d / file)
+    weight_map = {name: files[i] for i, shard in enumerate(shards) for name, _, _ in shard}
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    c.write_fsync(d / c.HF_INDEX, c.canonical_json(index).encode("utf-8"))
+    c.fsync_dir(d)
+
+
 def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
     save = Path(args.save)
     log(f"saving checkpoint iter {iteration} to {save}")
     digest = write_checkpoint(save, iteration, args.seed, faults)
-    log(f"saved checkpoint iter {iteration}")
+    slime_log(f"successfully saved checkpoint from iteration {iteration:7d} to {save} [ t 1/1, p 1/1 ]",
+              "checkpointing.py:0")
     if args.save_hf:
         hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
-        c.write_hf_dir(args.save_hf, digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
+        save_hf(args.save_hf.format(rollout_id=iteration), digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
         log(f"saved hf checkpoint iter {iteration} to {args.save_hf}")
     state = {"format": "shoprld-demo-dataset-state-v1", "rollout_id": iteration, "epoch": 0,
              "sample_offset": (iteration + 1) * 16}
@@ -156,6 +212,45 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
 
 # ---------------------------------------------------------------- rollouts
 
+def read_custom_config(path: str) -> dict[str, Any]:
+    """slime's --custom-config-path: a flat block-YAML mapping (PyYAML when installed)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:
+        data: Any = json.loads(text) if text.lstrip().startswith("{") else {
+            k.strip(): _scalar(v) for k, _, v in (ln.partition(":") for ln in text.splitlines()
+                                                  if ln.strip() and not ln.lstrip().startswith("#"))}
+    else:
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise c.DemoError(f"{path}: not a mapping", 2)
+    return data
+
+
+def _scalar(t: str) -> Any:
+    t = t.strip()
+    if t in ("null", "~", ""):
+        return None
+    if t in ("true", "false"):
+        return t == "true"
+    if t.startswith('"'):
+        return json.loads(t)
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def curriculum_round(path: Any) -> str:
+    try:
+        return str(c.read_json(path, "curriculum").get("round_id") or "round-000") if path else "round-000"
+    except c.DemoError:
+        return "round-000"
+
+
 class Rollouts:
     """One rollout = a few GRPO groups, each one ShopSim episode, run concurrently."""
 
@@ -163,13 +258,25 @@ class Rollouts:
         self.url = (cfg.get("shopsim_environment_base_url") or cfg.get("shopsim_url") or "").rstrip("/")
         self.concurrency = int(cfg.get("shopsim_episode_concurrency") or cfg.get("episode_concurrency") or 4)
         self.timeout = float(cfg.get("shopsim_environment_timeout") or 30)
-        self.round_id = str(cfg.get("round_id") or "round-000")
+        # The training dir is named after the CURRICULUM's round_id (the real emitter writes none).
+        self.round_id = curriculum_round(cfg.get("shopsim_curriculum_path"))
         out = cfg.get("shopsim_training_output_dir")
-        root = cfg.get("project_root")
-        self.out_dir = Path(out) / self.round_id if out else (Path(root) / "runs" / "slime-training" / self.round_id if root else None)
-        self.seed = int(cfg.get("seed") or seed)
+        self.out_dir = Path(out) / self.round_id if out else None
+        self.seed = seed
+        self.tasks: list[int] | None = None
         self.fraction = c.env_float("DEMO_TRIAGE_FRACTION", 0.25)
         self.failed_in_a_row = 0
+
+    def train_tasks(self) -> list[int]:
+        """The train split of the tasks the service serves (`/healthz` `tasks`: ids 0..n-1; the
+        lower half is train, as the demo's val tool takes the upper half)."""
+        if self.tasks is None:
+            status, body = c.http_json("GET", self.url + "/healthz", timeout=self.timeout)
+            n = body.get("tasks") if isinstance(body, dict) else None
+            if status != 200 or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise RuntimeError(f"ShopSim /healthz -> HTTP {status} without a task count")
+            self.tasks = list(range(max(1, n // 2)))
+        return self.tasks
 
     def shop(self, payload: dict[str, Any]) -> dict[str, Any]:
         status, body = c.http_json("POST", self.url + "/api/shop_agent", payload, timeout=self.timeout)
@@ -180,7 +287,8 @@ class Rollouts:
         return result
 
     def episode(self, group: int, leak: bool) -> dict[str, Any]:
-        task = int(c.unit("train-task", self.seed, self.round_id, group) * 500)  # train split: 0..499
+        tasks = self.train_tasks()
+        task = tasks[int(c.unit("train-task", self.seed, self.round_id, group) * len(tasks))]
         lease = self.shop({"action": "reset", "idx": task})
         slot, lease_id = lease["env_idx"], lease["lease_id"]
         if leak:
@@ -236,10 +344,15 @@ class Rollouts:
 
 
 def init_base(out: str, seed: int) -> int:
+    """`tools/convert_hf_to_torch_dist.py`: save iteration 1, then rename `iter_0000001/` to
+    `release/` and write `release` in the tracker (Megatron's converted-base layout)."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    write_checkpoint(d, 0, seed, None)
-    log(f"wrote converted base model (iteration 0, tracker 0) to {d}")
+    write_checkpoint(d, 1, seed, None)
+    os.replace(d / c.iter_dir_name(1), d / "release")
+    with open(d / c.TRACKER, "w") as f:
+        f.write("release")
+    log(f"wrote converted base model (tracker release, dir release/) to {d}")
     return 0
 
 
@@ -269,11 +382,12 @@ def main() -> int:
     log(f"argv: {' '.join(sys.argv[1:])}")
     if extra:
         log(f"accepted slime flags (recorded, not used): {' '.join(extra)}")
-    tracker = c.read_tracker(args.load) if args.load else None
+    loaded = read_tracker(args.load) if args.load else None
+    tracker = None if loaded is None else loaded[0]
     start = 0 if tracker is None else tracker + 1
     end = args.num_rollout
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
-    cfg = c.read_json(args.custom_config_path, "custom config") if args.custom_config_path else {}
+    cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
     rollouts = Rollouts(cfg, args.seed)
     step_s = c.env_float("DEMO_STEP_SECONDS", 0.05)
     for rollout_id in range(start, end):
@@ -291,7 +405,10 @@ def main() -> int:
         rollouts.record(rollout_id, results)
         rewards = [r["reward"] for r in results if "reward" in r]
         mean = sum(rewards) / len(rewards) if rewards else 0.0
-        log(f"rollout {rollout_id}/{end - 1} step_time={time.monotonic() - t0:.3f} reward={mean:.4f}")
+        step_time = time.monotonic() - t0
+        slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
+        slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
+                  "train_metric_utils.py:0")
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
             save_all(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
