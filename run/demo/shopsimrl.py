@@ -15,19 +15,25 @@ episodes against the ShopSim and val-server stand-ins.
     shopsimrl.py training build-curriculum SKILLBANK OUT --round-id R [--skill-free-probability P]
                       [--rho-min A] [--rho-max B] [--seed N]
 
-The "YAML" configs are written as JSON, which is valid YAML. File names and key fields are
-the real ones (SHOPSIMRL.md). Files meant to be compared across runs (summary.json,
+They follow shared/contracts/shopsimrl-tools.md: the emitted configs are block YAML with the
+real keys only (no `seed` or `round_id` in slime.yaml; val.yaml names the whole val split,
+`sample_size: null`); every `training …` subcommand prints its payload once, at the end, as
+indented JSON; task ids come from the service's `/healthz` `tasks` (train: the lower half of
+0..n-1, val: the upper half). Files meant to be compared across demo runs (summary.json,
 online_gate_manifest.json, selected_skillbank.json, curriculum.json, candidate_pool.json)
-hold no timestamps, durations, pids or absolute paths; timing lives in manifest.json and
-traces.jsonl.
+leave out the real ones' `created_at`, timing (`cost`) and absolute paths.
 
-Exit codes, with the real tools' quirks: `run` and `training analyze` exit 0 even when
-episodes or the analyst failed (judge them by summary.json / analysis_summary.json);
-`training online-gate` exits 0 when complete, 1 when incomplete or when the bare run is
-missing, incomplete or was made with other weights; `training check` exits 1 when not
-ready; any subcommand exits 1 on a bad input file or server, 2 on a usage error.
-Knobs: DEMO_ANALYST_POLL, DEMO_ANALYST_SECONDS, DEMO_ANALYST_FAIL, DEMO_VAL_FAIL_EPISODES,
-DEMO_GATE_INCOMPLETE, DEMO_GATE_INCOMPLETE_ROUNDS (see run/demo/README.md).
+Exit codes, as the real tools': `run` exits 0 whenever it finishes (every episode failed
+included; failed episodes are retried in waves, 3 attempts each over all traces), 1 on a
+manifest mismatch or a bad config; `training analyze` exits 0 after success or its fallback
+(`status: failed`, no proposal_ledger.jsonl), and without BAILIAN_API_KEY writes ANALYST_ERROR
+cards and a success-shaped summary with 0 candidates; `training online-gate` exits 0 when
+complete (dropped pairs included), 1 when incomplete, and 1 with no manifest on an error
+before any rollout; `training check` prints the ready payload (exit 0) or a traceback (exit
+1, nothing on stdout); argparse errors exit 2.
+Knobs: DEMO_ANALYST_POLL, DEMO_ANALYST_SECONDS, DEMO_ANALYST_FAIL, DEMO_VAL_FAIL_EPISODES (the
+first attempt of the first N val tasks fails), DEMO_GATE_INCOMPLETE, DEMO_GATE_INCOMPLETE_ROUNDS
+(see run/demo/README.md).
 """
 
 from __future__ import annotations

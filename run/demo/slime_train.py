@@ -3,23 +3,29 @@
 
 What it keeps from slime and Megatron, because the daemon relies on it:
 - the loop `for rollout_id in range(start, num_rollout)`: `--num-rollout` is an absolute end;
-- resume from `<load>/latest_checkpointed_iteration.txt` (`N`, `iter_N` or `release`):
-  start = tracker + 1, or 0 without a tracker;
+- resume from `<load>/latest_checkpointed_iteration.txt`: an integer N or `release` (iteration
+  0, dir `release/`), as Megatron's read_metadata accepts; anything else (`iter_N` too) is
+  "Invalid metadata file" and exit 1. start = tracker + 1, or 0 without a tracker;
 - saves when `(rollout_id + 1) % save_interval == 0` or at the last rollout; the Megatron
   iteration saved is the rollout id; `iter_{N:07d}/` gets common.pt, __R_0.distcp, .metadata,
   metadata.json (each fsynced, in that order), then the tracker is written with a plain
-  open('w'), then `--save-hf` (index, shards, config.json), then the data-sampler state
+  open('w'), then `--save-hf` in slime's order (old weights deleted, config.json, shards
+  under temp names then renamed, the index LAST), then the data-sampler state
   `rollout/global_dataset_state_dict_N.pt`;
 - no save on SIGTERM (the default action: the process dies at once);
 - WANDB_API_KEY comes from the environment and is never printed.
 
 Each rollout leases ShopSim slots (reset/interact/terminate/release_one), sleeps
 DEMO_STEP_SECONDS, writes `runs/slime-training/<round>/group-%09d/{rollout-0.json,
-triage.json[, full-skill-retry.json]}` and prints `rollout <id>/<num_rollout-1> step_time=<s>
-reward=<x>`. Helper mode: `--init-base DIR` writes the converted base model (iteration 0).
+triage.json[, full-skill-retry.json]}` (the round named by the curriculum's `round_id`, task
+ids from the train half of the service's `/healthz` `tasks`) and logs slime's own lines:
+`[time] rollout_metrics.py:0 - perf <id>: {...}` and `[time] train_metric_utils.py:0 - rollout
+<id>: {...}`. Helper mode: `--init-base DIR` writes the converted base model as
+convert_hf_to_torch_dist.py leaves it (tracker `release`, dir `release/`).
 
 Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive unscored groups);
-2 usage or configuration error (bad tracker, missing WANDB_API_KEY, unreadable config).
+1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
+unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
 DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
