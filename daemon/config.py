@@ -181,6 +181,9 @@ class DiskSection(_Model):
     hf_estimate: Size = 9 * 1024**3
     margin: Size = 2 * 1024**3
     min_inodes: int = Field(default=10_000, ge=0)
+    # Round finals kept by retention (NEXT_ROUND): upstream's prune keeps one. The forecast
+    # counts them plus the checkpoint being written (the peak during a save).
+    keep_finals: int = Field(default=1, ge=1)
     ballast: Size = 256 * 1024**2
     wait_for_space: bool = False
     settle: Duration = 30.0

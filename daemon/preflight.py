@@ -16,10 +16,11 @@ from .layout import Layout
 
 def forecast_for(cfg: Config, last_checkpoint_bytes: int | None) -> disk.Forecast:
     """What the next round needs: the last checkpoint's measured size (or the configured
-    estimate before the first one) times what retention keeps, plus an HF export, plus margin."""
+    estimate before the first one) times the peak during a save (the ``disk.keep_finals``
+    finals retention keeps, plus the one being written), plus an HF export, plus margin."""
     return disk.forecast(
         last_checkpoint_bytes=last_checkpoint_bytes, estimate_bytes=cfg.disk.checkpoint_estimate,
-        keep=2, hf_bytes=cfg.disk.hf_estimate, margin_bytes=cfg.disk.margin,
+        keep=cfg.disk.keep_finals + 1, hf_bytes=cfg.disk.hf_estimate, margin_bytes=cfg.disk.margin,
     )
 
 

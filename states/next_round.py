@@ -2,9 +2,9 @@
 
 The ledger row (one per round, never duplicated across crashes) is the durable "this
 round is done" mark: on start, the current round is the first without one. Retention
-keeps the newest complete checkpoint of this round (its final one, which the next
-round's ``--load`` resumes from) and the final checkpoint of the previous round; older
-complete ones in this campaign's save dir are deleted, each logged with its size.
+keeps the final checkpoints of the last ``disk.keep_finals`` rounds (default 1, as upstream:
+this round's final, which the next round's ``--load`` resumes from); older complete ones in
+this campaign's save dir are deleted, each logged with its size.
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ def _description(rid: str, gate: dict, inject: dict, primary: dict, summary: dic
 
 
 def _retention(ctx: RoundContext) -> None:
-    """Keep this round's newest complete checkpoint and the previous round's final one."""
+    """Keep the finals of the last ``disk.keep_finals`` rounds (this one's included; upstream
+    keeps one), delete the older complete checkpoints of this campaign."""
     scan = ckpt.scan(ctx.layout.save_dir)
     keep = {ctx.end_iteration}
-    if ctx.round > 0:
-        keep.add(ctx.mapping.end_iteration(ctx.round - 1))
+    for back in range(1, ctx.cfg.disk.keep_finals):
+        if ctx.round - back >= 0:
+            keep.add(ctx.mapping.end_iteration(ctx.round - back))
     doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=False)
     if doomed:
         freed = ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)

@@ -94,7 +94,7 @@ def print_payload(payload: dict[str, Any]) -> None:
     print(json.dumps(payload, ensure_ascii=False, indent=2, default=str), flush=True)
 
 
-_PLAIN = __import__("re").compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./@+-]*$")
+_PLAIN = __import__("re").compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./@+:-]*$")
 
 
 def _yaml_scalar(v: Any) -> str:

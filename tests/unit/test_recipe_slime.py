@@ -356,8 +356,8 @@ def test_a_concurrency_disagreement_is_reported(cfg: Config, tmp_path: Path) -> 
     assert "shopsim_episode_concurrency: 16" in line
 
 
-def test_the_demo_emitters_json_yamls_are_read_too(tmp_path: Path) -> None:
-    """The demo stand-in's emit (JSON in .yaml files) is checked against the demo recipe."""
+def test_the_demo_emitters_block_yamls_are_checked_too(tmp_path: Path) -> None:
+    """The demo stand-in's emit (block YAML, as the real emitter) is checked against the demo recipe."""
     from shoprld.daemon.demo import create_tree
 
     campaign = create_tree(tmp_path / "d", fast=True, rounds=1)
@@ -373,9 +373,9 @@ def test_the_demo_emitters_json_yamls_are_read_too(tmp_path: Path) -> None:
                    timeout=60)
     loop = tmp_path / "proj" / "runs" / "loop" / "round-000"
     assert commands.port_mismatches(demo, loop) == []
-    data = json.loads((loop / "slime.yaml").read_text())
-    data["shopsim_environment_base_url"] = "http://127.0.0.1:1"
-    (loop / "slime.yaml").write_text(json.dumps(data))
+    text = (loop / "slime.yaml").read_text()
+    assert f"shopsim_environment_base_url: {demo.shopsim.url}\n" in text
+    (loop / "slime.yaml").write_text(text.replace(demo.shopsim.url, "http://127.0.0.1:1"))
     assert len(commands.port_mismatches(demo, loop)) == 1
 
 
