@@ -928,9 +928,10 @@ def cmd_online_gate(a: argparse.Namespace) -> int:
                      "selection": "strictly_positive_top_k"},
         "input": {"proposal_checkpoint": pool.get("proposal_checkpoint"), "pool_sha256": pool.get("pool_sha256"),
                   "assignment_sha256": assignments["assignment_sha256"], "task_ids": tasks,
-                  "model": {"checkpoint_id": model.get("checkpoint_id"), "model": model.get("name"),
-                            "base_url": model.get("base_url")},
-                  "environment": {"base_url": servers.shop_url, "persona": None},
+                  # The real input also has model.base_url and environment.base_url: left out, the
+                  # demo picks free ports per run and compares this file across runs.
+                  "model": {"checkpoint_id": model.get("checkpoint_id"), "model": model.get("name")},
+                  "environment": {"persona": None},
                   "bare_baseline": {"observations": len(complete_rows),
                                     "requested_observations": len(rows), "dropped_observations": len(dropped),
                                     "checkpoint_id": model.get("checkpoint_id")}},
