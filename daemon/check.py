@@ -19,11 +19,19 @@ from .validate import problems as validation_problems
 
 def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Problem]) -> list[str]:
     """Everything that would stop `shoprld run` before any work, as one line each: first what
-    :func:`validate.problems` found (run refuses the same things at its start), then secrets and
-    PREFLIGHT_DISK's checks."""
-    from .preflight import preflight_problems
+    :func:`validate.problems` found (run refuses the same things at its start), then a too-long
+    TMPDIR, secrets and PREFLIGHT_DISK's checks."""
+    from .preflight import preflight_problems, real_stack_problems, tmpdir_problems
 
     problems: list[str] = [p.line() for p in invalid]
+    templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
+    values: dict[str, str] = {}
+    if templates_ok:
+        from .commands import round_values
+
+        values = dict(round_values(cfg, layout, 0))
+    # A too-long TMPDIR early: it is a config error that only shows hours into a round.
+    problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
     try:
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
@@ -34,11 +42,8 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     if missing:
         problems.append(missing)
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
-    if not any(p.template for p in invalid):  # the templates expand: safe to read the must_exist paths
-        from .commands import round_values
-        from .preflight import real_stack_problems
-
-        problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
+    if templates_ok:
+        problems.extend(p.line() for p in real_stack_problems(cfg, values))
     return problems
 
 
@@ -113,4 +118,8 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         print(f"shoprld: NOT READY: {problems[0]}", file=sys.stderr)
         return 3
     out("\nready\n")
+    # The config is valid; whether the campaign's own tools do what the daemon expects is only
+    # known by running them: a tiny round before the first night costs minutes, not a night.
+    out(f"next: shoprld rehearse -c {cfg.source}   (one tiny round of the real tools, ~minutes; "
+        "do it before a first campaign)\n")
     return 0

@@ -238,6 +238,7 @@ class DiskSection(_Model):
     hf_estimate: Size = 9 * 1024**3
     margin: Size = 2 * 1024**3
     min_inodes: Int = Field(default=10_000, ge=0, le=2**62)
+    keep_finals: Int = Field(default=1, ge=1)
     ballast: Size = 256 * 1024**2
     wait_for_space: Bool = False
     settle: Duration = 30.0
@@ -344,7 +345,8 @@ class TrainSection(ProcessSpec):
     launcher: Literal["local", "ray"] = "local"
     # emit_training_loop_round.py: writes <runs>/loop/<round>/{slime,analysis,val,gate}.yaml.
     emit_command: Command = ()
-    # `run_shopsimrl.py training check CFG --task-data F` must print {"status":"ready"}.
+    # `run_shopsimrl.py training check CFG --task-data F`: exit 0 and an indented JSON payload
+    # (the last top-level object of its output) with "status": "ready".
     check_command: Command = ()
     save_interval: Int = Field(default=10_000, ge=1, le=10**9)
     # Round r ends at iteration (r+1)*steps_per_round + end_offset (seed: 0; slime's plain
@@ -395,11 +397,13 @@ class ValSection(ProcessSpec):
     server_env: dict[str, str] = {}
     url: Url = "http://127.0.0.1:30000"
     health_path: str = "/health"
-    ready_timeout: Duration = Field(default=600.0, gt=0)
-    concurrency: Int = Field(default=32, ge=1, le=MAX_COUNT)
-    tasks: Int = Field(default=400, ge=1, le=MAX_COUNT)
-    min_coverage: Float = Field(default=1.0, gt=0, le=1)
-    reuse_server: Bool = False
+    ready_timeout: Duration = 600.0
+    concurrency: int = Field(default=32, ge=1)
+    tasks: int = Field(default=400, ge=1)
+    # The real loop never checks coverage (the gate drops unpaired episodes); a few episodes
+    # that exhaust their 3 attempts must not rerun the whole split. Below this: rerun fresh.
+    min_coverage: float = Field(default=0.95, gt=0, le=1)
+    reuse_server: bool = False
     server_grace: Duration = 30.0
 
 
@@ -408,6 +412,11 @@ class GateSection(ProcessSpec):
     analyze_secrets: tuple[str, ...] = ()
     overlap_analyze: Bool = True
     policy: Literal["continue", "retry", "stop"] = "continue"
+    # A "silent empty" analysis (success-shaped, 0 candidates, every card an ANALYST_ERROR: no
+    # analyst key, or a wrong ShopSim URL in the analyst's config): continue (the seed's loop
+    # does; the round still trains, the gate then only re-weighs the current skills), retry
+    # the analysis (up to gate.retries), or stop (exit 5). Always journaled, shown and ledgered.
+    empty_analysis: Literal["continue", "retry", "stop"] = "continue"
 
 
 class InjectSection(ProcessSpec):

@@ -1061,6 +1061,7 @@ class Engine:
         done = [r for r in self.snap.get("rounds_done", []) if r.get("round") != self.round]
         done.append({"round": self.round, "val": primary.get("success_rate") if primary else None,
                      "metric_name": "success_rate", "gate": gate_rec.get("decision"),
+                     "analysis": gate_rec.get("analysis_status"),
                      "branch": inject_rec.get("branch"), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
         log.info("round.done", **done[-1])  # the terminal's one line per round result

@@ -452,11 +452,14 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
         for r in done:
             val = _num(r.get("val"))
             gate = _str(r.get("gate"))
+            analysis = _str(r.get("analysis"))
+            if gate and analysis in ("failed", "silent_empty"):  # the analysis gave the gate nothing
+                gate = f"{gate} (analysis {analysis.replace('_', ' ')})"
             idx = r.get("round")
             dur = _num(r.get("duration_seconds"))
             rows.append([(f"round-{idx:03d}" if isinstance(idx, int) else str(idx), ""),
                          (f"{val:.4g}" if val is not None else "-", "bold"), (str(r.get("metric_name") or ""), "dim"),
-                         (gate or "-", {"complete": "green", "incomplete": "bold yellow"}.get(gate or "", "dim")),
+                         (gate or "-", {"complete": "green", "incomplete": "bold yellow"}.get(gate or "", "bold yellow" if gate else "dim")),
                          (str(r.get("branch") or "-"), ""), (fmt_duration(dur) if dur is not None else "-", "")])
         items.append(("table", "rounds", ["round", "val", "metric", "gate", "branch", "duration"], rows))
     else:
