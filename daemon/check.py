@@ -108,4 +108,8 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         print(f"shoprld: NOT READY: {problems[0]}", file=sys.stderr)
         return 3
     out("\nready\n")
+    # The config is valid; whether the campaign's own tools do what the daemon expects is only
+    # known by running them: a tiny round before the first night costs minutes, not a night.
+    out(f"next: shoprld rehearse -c {cfg.source}   (one tiny round of the real tools, ~minutes; "
+        "do it before a first campaign)\n")
     return 0
