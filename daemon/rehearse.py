@@ -491,7 +491,9 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
         print(f"  {name:<{width}}{secrets.redact(verdict)}")
     bad = [n for n, v in verdicts if v not in ("ok",) and not v.startswith("skipped")]
     if bad:
-        print(f"rehearse: NOT READY: {len(bad)} stage(s) not ok, first {bad[0]} ({took:.1f}s)")
+        unreached = sum(1 for n, v in verdicts if v == "not reached")
+        print(f"rehearse: NOT READY: {len(bad) - unreached} stage(s) not ok, {unreached} not reached; first "
+              f"{bad[0]} ({took:.1f}s)")
         code = EXIT_STAGE
     else:
         print(f"rehearse: ok: every stage ran and matches the tools contract ({took:.1f}s)")
