@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-commands", action="store_true", help="print every stage's resolved command")
     p.add_argument("--placeholders", action="store_true", help="list the known {placeholders}")
 
+    p = sub.add_parser("rehearse", help="run one tiny round of this campaign's real tools on stand-ins for slime, "
+                                        "the val server and the analyst API; a verdict per stage")
+    _config_arg(p)
+    p.add_argument("--keep", action="store_true", help="keep the scratch dir (stage logs, records) afterwards")
+    p.add_argument("--real-analyst", action="store_true",
+                   help="use the analyst's real LLM API (at your cost) instead of the local stand-in")
+
     p = sub.add_parser("init", help="write a commented campaign template")
     p.add_argument("path", nargs="?", default=DEFAULT_CONFIG, help="where to write it (default ./campaign.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -198,6 +205,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .check import run_check
 
     return run_check(Path(args.config), print_commands=args.print_commands, placeholders=args.placeholders)
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from .rehearse import run_rehearse
+
+    return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
