@@ -13,22 +13,37 @@ from pathlib import Path
 from .config import PLACEHOLDERS, Config, load_config
 from .layout import Layout
 from .secrets import Secrets, load_secrets
+from .validate import Problem
+from .validate import problems as validation_problems
 
 
-def _blocking(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
-    """Everything that would stop `shoprld run` before any work, as one line each."""
-    from .preflight import preflight_problems
+def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Problem]) -> list[str]:
+    """Everything that would stop `shoprld run` before any work, as one line each: first what
+    :func:`validate.problems` found (run refuses the same things at its start), then a too-long
+    TMPDIR, secrets and PREFLIGHT_DISK's checks."""
+    from .preflight import preflight_problems, real_stack_problems, tmpdir_problems
 
-    problems: list[str] = []
+    problems: list[str] = [p.line() for p in invalid]
+    templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
+    values: dict[str, str] = {}
+    if templates_ok:
+        from .commands import round_values
+
+        values = dict(round_values(cfg, layout, 0))
+    # A too-long TMPDIR early: it is a config error that only shows hours into a round.
+    problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
     try:
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
-    problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
-    from .commands import round_values
-    from .preflight import real_stack_problems
+    from .metrics import extras_problem
 
-    problems.extend(p.line() for p in real_stack_problems(cfg, round_values(cfg, layout, 0)))
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        problems.append(missing)
+    problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
+    if templates_ok:
+        problems.extend(p.line() for p in real_stack_problems(cfg, values))
     from .commands import ANALYST_CONFIG, analyst_config_mismatches
 
     # The analyst's config is a file of the project, there before any round: judge it now.
@@ -62,6 +77,9 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     cfg = load_config(path)
     layout = Layout.from_config(cfg)
     secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    # The same validation `shoprld run` does at its start (issue 15): what it refuses, check
+    # reports as NOT READY.
+    invalid = validation_problems(cfg, layout)
     out = sys.stdout.write
     out(f"campaign      {cfg.campaign.name} / {cfg.campaign.experiment}: "
         f"{cfg.campaign.rounds} rounds x {cfg.campaign.steps_per_round} steps\n")
@@ -98,7 +116,9 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
     for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
         out(f"  WARNING: {w}\n")
-    if print_commands:
+    if print_commands and any(p.template for p in invalid):
+        out("\nstage commands: not shown until the config is valid (see NOT READY below)\n")
+    elif print_commands:
         from .commands import describe_commands
 
         out("\nstage commands (round 0 and round 1; secrets masked)\n")
@@ -111,11 +131,18 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     if warning:
         out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
-    problems = _blocking(cfg, layout, secrets)
+    problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")
         for extra in problems[1:]:
             out(f"  also: {extra}\n")
+        sys.stdout.flush()
+        # Every non-zero exit has its one line on stderr, as `run` would print it.
+        print(f"shoprld: NOT READY: {problems[0]}", file=sys.stderr)
         return 3
     out("\nready\n")
+    # The config is valid; whether the campaign's own tools do what the daemon expects is only
+    # known by running them: a tiny round before the first night costs minutes, not a night.
+    out(f"next: shoprld rehearse -c {cfg.source}   (one tiny round of the real tools, ~minutes; "
+        "do it before a first campaign)\n")
     return 0

@@ -6,18 +6,38 @@ box. Every handler imports what it needs lazily, so the status path stays on the
 
 Exit codes (SPEC §6): 0 done or stopped on request, 2 usage, 3 config/lock/preflight,
 4 parked for disk, 5 stopped by the gate policy, 6 a stage failed after retries,
+130 interrupted (Ctrl-C), 141 stdout closed early (``| head``; nothing on stderr),
 1 anything unexpected (a bug; rerun with --debug for the traceback).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
-from .errors import EXIT_BUG, EXIT_USAGE, ShoprldError
+
+def _interrupted_at_import(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """Ctrl-C while this module (and so ``main``) is still being imported: one line, exit 130.
+
+    Installed before the heavy imports below; :func:`main` handles every later interrupt. The
+    interpreter's own start-up (site, .pth files) runs before any shoprld code and is out of reach.
+    """
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.stderr.write("shoprld: interrupted during start-up; nothing was started\n")
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+if sys.excepthook is sys.__excepthook__:  # never replace a hook someone else (pytest, an IDE) installed
+    sys.excepthook = _interrupted_at_import
+
+import argparse  # noqa: E402  (after the hook: an interrupt during these imports is one line too)
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from .errors import EXIT_BUG, EXIT_PIPE, EXIT_USAGE, ShoprldError  # noqa: E402
 
 DEFAULT_CONFIG = "campaign.toml"
 
@@ -49,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The ShopSimRL campaign daemon: runs multi-round slime RL campaigns, "
         "resumes after any crash, stops before /ephemeral fills up.",
         epilog="Exit codes: 0 done/stopped, 2 usage, 3 config/lock/preflight, 4 disk park, "
-        "5 gate stop, 6 stage failed, 1 bug.",
+        "5 gate stop, 6 stage failed, 130 interrupted, 141 stdout closed early, 1 bug.",
     )
     parser.add_argument("--version", action="version", version=f"shoprld {_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -59,19 +79,26 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--wait-for-space", action="store_true",
                    help="when parked for disk, stay alive and resume once space is back")
+    p.add_argument("--adopt-state", action="store_true",
+                   help="take over a state dir that records another campaign (other repo, volume or "
+                        "experiment) instead of refusing it")
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
 
     p = sub.add_parser("demo", help="run a whole campaign on the built-in demo stack")
     p.add_argument("--dir", metavar="D", help="where to put the demo tree (default: a new temp dir)")
     p.add_argument("--fast", action="store_true", help="shortest step times (for tests)")
+    p.add_argument("--verbose", action="store_true",
+                   help="on a terminal, print every log event (the developer's log) instead of the compact view")
     p.add_argument("--no-run", action="store_true",
                    help="write the demo tree and stop, so its campaign.toml can be edited first")
-    p.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=None, metavar="N", help="run N rounds instead of the recipe's")
 
     p = sub.add_parser("status", help="where the campaign stands (works with or without the daemon)")
     _config_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable (schema in README)")
     p.add_argument("--watch", action="store_true", help="refresh live")
-    p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes with --watch (default 1)")
 
     p = sub.add_parser("stop", help="ask the daemon to stop gracefully")
     _config_arg(p)
@@ -84,13 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-commands", action="store_true", help="print every stage's resolved command")
     p.add_argument("--placeholders", action="store_true", help="list the known {placeholders}")
 
+    p = sub.add_parser("rehearse", help="run one tiny round of this campaign's real tools on stand-ins for slime, "
+                                        "the val server and the analyst API; a verdict per stage")
+    _config_arg(p)
+    p.add_argument("--keep", action="store_true", help="keep the scratch dir (stage logs, records) afterwards")
+    p.add_argument("--real-analyst", action="store_true",
+                   help="use the analyst's real LLM API (at your cost) instead of the local stand-in")
+
     p = sub.add_parser("init", help="write a commented campaign template")
     p.add_argument("path", nargs="?", default=DEFAULT_CONFIG, help="where to write it (default ./campaign.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
     p = sub.add_parser("ledger", help="print the campaign's ledger")
     _config_arg(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="every column of every row, as a JSON list")
 
     p = sub.add_parser("clean", help="write a reproducibility record, then delete this campaign's heavy dirs")
     _config_arg(p)
@@ -98,13 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-final", action="store_true", help="keep the final checkpoint (resumable)")
     p = sub.add_parser("export-campaign", help="bundle the small state for another machine")
     _config_arg(p)
-    p.add_argument("out", metavar="OUT.tar")
+    p.add_argument("out", metavar="OUT.tar", help="the bundle to write (a tar file)")
     p = sub.add_parser("import-campaign", help="re-point an exported campaign at this machine's roots")
-    p.add_argument("bundle", metavar="OUT.tar")
-    p.add_argument("--repo", required=True, metavar="R")
-    p.add_argument("--ephemeral-root", required=True, metavar="E")
-    p.add_argument("--state-dir", metavar="S")
+    p.add_argument("bundle", metavar="OUT.tar", help="a bundle written by export-campaign")
+    p.add_argument("--repo", required=True, metavar="R", help="this machine's checkout of the repo")
+    p.add_argument("--ephemeral-root", required=True, metavar="E", help="this machine's volume (the ephemeral root)")
+    p.add_argument("--state-dir", metavar="S", help="the daemon's state dir here (default: the usual one for the campaign)")
     p.add_argument("--config-out", metavar="FILE", help="default: the old place relative to the repo")
+
+    p = sub.add_parser("report", help="write one self-contained HTML report of the campaign (needs the report extra)")
+    _config_arg(p)
+    p.add_argument("-o", "--output", metavar="OUT.html",
+                   help="where to write it (default: <campaign file's dir>/<campaign>-report.html)")
 
     p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
     _config_arg(p)
@@ -115,6 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every outcome is an exit code and at most one stderr line (no traceback
+    unless ``--debug``), including Ctrl-C (130) and a reader that left early (EXIT_PIPE)."""
+    try:
+        rc = _main(argv)
+        # Flush here, not at interpreter exit: a reader that left early (`| head -1`) must
+        # surface as BrokenPipeError below, not as "Exception ignored ..." on stderr.
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: point stdout at
+        # /dev/null so that the interpreter's final flush cannot fail a second time.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print("shoprld: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.cmd:
@@ -128,9 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"shoprld: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("shoprld: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise  # main's: the same answer wherever they happen
     except Exception as exc:  # a bug: one line unless --debug
         if args.debug:
             raise
@@ -148,6 +209,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     return run_check(Path(args.config), print_commands=args.print_commands, placeholders=args.placeholders)
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from .rehearse import run_rehearse
+
+    return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     from .templates import write_template
 
@@ -160,14 +227,15 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine import run_campaign
 
-    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space)
+    return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
+                        adopt_state=args.adopt_state, verbose=args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds,
-                    no_run=args.no_run)
+                    verbose=args.verbose, no_run=args.no_run)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -212,6 +280,12 @@ def cmd_import_campaign(args: argparse.Namespace) -> int:
 
     return int(_lifecycle(args).import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
                                                 opt(args.state_dir), config_out=opt(args.config_out)))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    return run_report(Path(args.config), Path(args.output) if args.output else None)
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:

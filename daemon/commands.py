@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .config import Config, ProcessSpec
+from .config import Config, ProcessSpec, expand_vars
 from .layout import Layout
 from .secrets import MASK, Secrets
 
@@ -100,7 +100,7 @@ def _planned_context_class() -> type[RoundContext]:
             v = super().values()
             base = self.cfg.train.base_load
             v["load"] = str(base) if self.round == 0 and base is not None else str(self.layout.save_dir)
-            v.update({k: t.format_map(v) for k, t in self.cfg.vars.items()})
+            expand_vars(self.cfg.vars, v)
             return v
 
     return PlannedContext

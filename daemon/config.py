@@ -12,6 +12,7 @@ own ``[vars]``; an unknown one is a config error, not a run-time surprise at 3 a
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import string
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
@@ -96,53 +99,87 @@ _SIZE_UNITS = {
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|d|h|m|s)")
 
 
+# Upper bounds on what a campaign can sensibly ask for (README, "Configuration"). Beyond them a
+# value is a typo, not a plan, and would overflow somewhere at 3 a.m. (timedelta, fallocate).
+MAX_SIZE = 1024**5  # 1 PiB
+MAX_DURATION = 366 * 86400.0  # a year
+MAX_ROUNDS = 10_000
+MAX_STEPS_PER_ROUND = 1_000_000
+MAX_COUNT = 1_000_000  # slots, concurrencies, tasks, retries, save_interval's siblings
+
+
+def _bounded_size(value: int) -> int:
+    if value > MAX_SIZE:
+        raise ValueError("a size above 1PiB is not plausible; fix: give the size with its unit, e.g. 53GiB")
+    return value
+
+
 def parse_size(value: Any) -> int:
-    """``"53GiB"``, ``"500MB"``, ``1048576`` -> bytes."""
+    """``"53GiB"``, ``"500MB"``, ``1048576`` -> bytes (at most :data:`MAX_SIZE`)."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as 53GiB or a number of bytes")
     if isinstance(value, int):
         if value < 0:
             raise ValueError("a size cannot be negative")
-        return value
+        return _bounded_size(value)
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m and m.group(2) is not None and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+            number = float(m.group(1))  # 400 digits parse as inf: refused below, never int(inf)
+            if math.isfinite(number):
+                return _bounded_size(int(number * _SIZE_UNITS[m.group(2).lower()]))
+            return _bounded_size(MAX_SIZE + 1)
     raise ValueError("expected a size such as 53GiB, 500MB or a number of bytes")
 
 
 def parse_duration(value: Any) -> float:
-    """``"1h30m"``, ``"45s"``, ``90`` -> seconds."""
+    """``"1h30m"``, ``"45s"``, ``90`` -> seconds (finite, at most :data:`MAX_DURATION`)."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30m, 2h or a number of seconds")
+    seconds: float | None = None
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         parts = _DURATION_RE.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
             scale = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-            return sum(float(n) * scale[u] for n, u in parts)
-    raise ValueError("expected a duration such as 30m, 2h or a number of seconds")
+            seconds = sum(float(n) * scale[u] for n, u in parts)
+    if seconds is None:
+        raise ValueError("expected a duration such as 30m, 2h or a number of seconds")
+    if math.isnan(seconds):
+        raise ValueError("a duration must be a number; fix: use e.g. 30m, 2h or a number of seconds")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError("a duration above a year is not plausible; fix: use e.g. 30m, 2h or 10d")
+    return seconds
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+# TOML has real integers, floats and booleans, so the fields take exactly those: in lax mode
+# pydantic made `rounds = true` one round and `rounds = 1e9` a billion (issue 15). A float field
+# takes an integer (TOML `3` for 3.0), never a bool, NaN or inf.
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Command = tuple[str, ...]
 
 
 class _Model(BaseModel):
+    # Not strict model-wide: paths come as strings and lists become tuples; the scalar types
+    # above are strict one by one.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
 
 class CampaignSection(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    experiment: str = Field(default="main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    rounds: int = Field(ge=1)
-    steps_per_round: int = Field(ge=1)
-    seed: int = 0
+    # Path components (and the unit's instance name): bounded well below NAME_MAX (255).
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    experiment: str = Field(default="main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    rounds: Int = Field(ge=1, le=MAX_ROUNDS)
+    steps_per_round: Int = Field(ge=1, le=MAX_STEPS_PER_ROUND)
+    seed: Int = 0
     # An absolute time (ISO 8601) or a duration from the first start; "" means none.
     deadline: str = ""
 
@@ -163,26 +200,47 @@ class StorageSection(_Model):
     env_file: Path = Path(".env")
     project_root: Path | None = None
     ledger: str = "reports/shoprld/{campaign}.tsv"
-    blank_cache: bool = False
+    blank_cache: Bool = False
     # The tools hard-code <project_root>/runs; the daemon makes it a symlink into the
     # experiment dir so generated output never lands in the checkout.
-    manage_runs_link: bool = True
+    manage_runs_link: Bool = True
     repo_hygiene_max: Size = 50 * 1024**2
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        # One path component of BREV_ROOT: "../x" or "a/b" would move the whole tree.
+        if v and (v in (".", "..") or not re.match(r"^[A-Za-z0-9._-]{1,64}$", v)):
+            raise ValueError("not a user name (one path component); fix: use the login name, e.g. ubuntu, or leave it empty")
+        return v
+
+    @field_validator("ledger")
+    @classmethod
+    def _ledger(cls, v: str) -> str:
+        try:
+            path = v.format(campaign="x")
+        except (KeyError, IndexError, ValueError, AttributeError):
+            raise ValueError("only the placeholder {campaign} is allowed here; fix: e.g. reports/shoprld/{campaign}.tsv") from None
+        if not path.strip() or path.endswith("/"):
+            raise ValueError("not a file path; fix: e.g. reports/shoprld/{campaign}.tsv")
+        return v
 
 
 class DiskSection(_Model):
-    require_mount: bool = True
-    forbid_same_fs: bool = True
-    interval: Duration = 5.0
+    require_mount: Bool = True
+    forbid_same_fs: Bool = True
+    # 0 would spin the sampler (and asyncio.sleep(nan) never wakes): a real period, > 0.
+    interval: Duration = Field(default=5.0, gt=0)
     soft_limit: Size | None = None
     hard_limit: Size | None = None
     hysteresis: Size = 64 * 1024**2
     checkpoint_estimate: Size = 53 * 1024**3
     hf_estimate: Size = 9 * 1024**3
     margin: Size = 2 * 1024**3
-    min_inodes: int = Field(default=10_000, ge=0)
+    min_inodes: Int = Field(default=10_000, ge=0, le=2**62)
+    keep_finals: Int = Field(default=1, ge=1)
     ballast: Size = 256 * 1024**2
-    wait_for_space: bool = False
+    wait_for_space: Bool = False
     settle: Duration = 30.0
 
     @model_validator(mode="after")
@@ -197,8 +255,8 @@ class DiskSection(_Model):
 
 
 class GpuSection(_Model):
-    visible: tuple[int, ...] = (0, 1, 2, 3)
-    tp_size: int = Field(default=1, ge=1)
+    visible: tuple[Annotated[int, Strict(), Field(ge=0, le=1023)], ...] = (0, 1, 2, 3)
+    tp_size: Int = Field(default=1, ge=1, le=1024)
     # The arch the stage envs (TE, apex) were built for ("80": the memo's A800); check warns on others.
     build_sm: Annotated[str, BeforeValidator(lambda v: v if isinstance(v, str) else str(v))] = ""
     # GPU hygiene before a GPU stage (trainer, val server; daemon/gpus.py): how long to wait for
@@ -243,18 +301,35 @@ class ProcessSpec(_Model):
     conda_prefix: Path | None = None
     cwd: Path | None = None
     timeout: Duration = 0.0  # 0: no timeout
-    retries: int = Field(default=2, ge=0)
+    retries: Int = Field(default=2, ge=0, le=1000)
     backoff: Duration = 1.0
     grace: Duration = 10.0
 
 
+def _http_url(v: str) -> str:
+    """An http(s) URL with a host and a valid port (urlsplit raises on ``http://[::1``)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc}); fix: e.g. http://127.0.0.1:5700") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL with a host; fix: e.g. http://127.0.0.1:5700")
+    return v
+
+
+Url = Annotated[str, AfterValidator(_http_url)]
+
+
 class ShopsimSection(ProcessSpec):
-    url: str = "http://127.0.0.1:5700"
+    url: Url = "http://127.0.0.1:5700"
     health_path: str = "/healthz"
-    slots: int = Field(default=48, ge=1)
-    episode_concurrency: int = Field(default=32, ge=1)
-    start_timeout: Duration = 300.0
-    manage: bool = True
+    slots: Int = Field(default=48, ge=1, le=MAX_COUNT)
+    episode_concurrency: Int = Field(default=32, ge=1, le=MAX_COUNT)
+    start_timeout: Duration = Field(default=300.0, gt=0)
+    manage: Bool = True
 
     @model_validator(mode="after")
     def _slots(self) -> ShopsimSection:
@@ -270,24 +345,25 @@ class TrainSection(ProcessSpec):
     launcher: Literal["local", "ray"] = "local"
     # emit_training_loop_round.py: writes <runs>/loop/<round>/{slime,analysis,val,gate}.yaml.
     emit_command: Command = ()
-    # `run_shopsimrl.py training check CFG --task-data F` must print {"status":"ready"}.
+    # `run_shopsimrl.py training check CFG --task-data F`: exit 0 and an indented JSON payload
+    # (the last top-level object of its output) with "status": "ready".
     check_command: Command = ()
-    save_interval: int = Field(default=10_000, ge=1)
+    save_interval: Int = Field(default=10_000, ge=1, le=10**9)
     # Round r ends at iteration (r+1)*steps_per_round + end_offset (seed: 0; slime's plain
     # 0-based numbering: -1). --num-rollout is that end + 1.
-    end_offset: int = 0
+    end_offset: Int = Field(default=0, ge=-MAX_STEPS_PER_ROUND, le=MAX_STEPS_PER_ROUND)
     base_load: Path | None = None
     watch: Literal["auto", "inotify", "poll"] = "auto"
-    poll_interval: Duration = 1.0
-    rescan_interval: Duration = 30.0
-    stall_factor: float = Field(default=3.0, gt=0)
+    poll_interval: Duration = Field(default=1.0, gt=0)
+    rescan_interval: Duration = Field(default=30.0, gt=0)
+    stall_factor: Float = Field(default=3.0, gt=0, le=1000)
     stall_min: Duration = 1800.0
     stall_policy: Literal["restart", "alert"] = "restart"
     # slime-style progress lines; anchored so the launch header (--num-rollout N) never matches.
     progress_pattern: str = r"(?m)^rollout (\d+)\b"
     # Ray Jobs launcher.
-    ray_address: str = "http://127.0.0.1:8265"
-    ray_start_head: bool = False
+    ray_address: Url = "http://127.0.0.1:8265"
+    ray_start_head: Bool = False
     ray_head_command: Command = ()
     runtime_env: dict[str, str] = {}
 
@@ -303,7 +379,7 @@ class TrainSection(ProcessSpec):
 
 
 class SidecarSection(ProcessSpec):
-    enabled: bool = True
+    enabled: Bool = True
     # The real watch-analyze has no forced exit: on stop it waits for every in-flight analysis,
     # each a live ShopSim audit of up to 20 LLM turns with a 300 s timeout per turn
     # (shopsimrl-tools.md 3.1), two at a time. 20 x 300 s = 6000 s, plus margin.
@@ -319,12 +395,14 @@ class ExportSection(ProcessSpec):
 class ValSection(ProcessSpec):
     server_command: Command = ()
     server_env: dict[str, str] = {}
-    url: str = "http://127.0.0.1:30000"
+    url: Url = "http://127.0.0.1:30000"
     health_path: str = "/health"
     ready_timeout: Duration = 600.0
     concurrency: int = Field(default=32, ge=1)
     tasks: int = Field(default=400, ge=1)
-    min_coverage: float = Field(default=1.0, gt=0, le=1)
+    # The real loop never checks coverage (the gate drops unpaired episodes); a few episodes
+    # that exhaust their 3 attempts must not rerun the whole split. Below this: rerun fresh.
+    min_coverage: float = Field(default=0.95, gt=0, le=1)
     reuse_server: bool = False
     server_grace: Duration = 30.0
 
@@ -332,8 +410,13 @@ class ValSection(ProcessSpec):
 class GateSection(ProcessSpec):
     analyze_command: Command = ()
     analyze_secrets: tuple[str, ...] = ()
-    overlap_analyze: bool = True
+    overlap_analyze: Bool = True
     policy: Literal["continue", "retry", "stop"] = "continue"
+    # A "silent empty" analysis (success-shaped, 0 candidates, every card an ANALYST_ERROR: no
+    # analyst key, or a wrong ShopSim URL in the analyst's config): continue (the seed's loop
+    # does; the round still trains, the gate then only re-weighs the current skills), retry
+    # the analysis (up to gate.retries), or stop (exit 5). Always journaled, shown and ledgered.
+    empty_analysis: Literal["continue", "retry", "stop"] = "continue"
 
 
 class InjectSection(ProcessSpec):
@@ -343,7 +426,7 @@ class InjectSection(ProcessSpec):
 
 
 class WandbSection(_Model):
-    enabled: bool = True
+    enabled: Bool = True
     mode: Literal["online", "offline", "disabled"] = "online"
     project: str = "shopsimrl"
     group: str = ""
@@ -358,6 +441,46 @@ class PreflightSection(_Model):
     must_exist: dict[str, str] = {}
     # When the torch_dist copy is missing, the command that creates it (for the message).
     convert_hint: str = ""
+
+
+NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest")
+_ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class NotifyEndpoint(_Model):
+    """One receiver of operator notifications (daemon/alerts.py). The URL and the token are
+    names of .env keys: their values never appear in a file of ours or in any argv."""
+
+    kind: Literal["webhook", "slack", "ntfy"]
+    url_env: str = Field(pattern=_ENV_KEY)
+    # ntfy: an access token sent as "Authorization: Bearer ..." (optional).
+    token_env: str = Field(default="", pattern=r"^$|^[A-Za-z_][A-Za-z0-9_]*$")
+    events: tuple[str, ...] = NOTIFY_EVENTS
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [e for e in v if e not in NOTIFY_EVENTS]
+        if bad:
+            raise ValueError(f"unknown event {bad[0]!r}; fix: use some of {', '.join(NOTIFY_EVENTS)}")
+        return v
+
+
+class NotifySection(_Model):
+    endpoints: tuple[NotifyEndpoint, ...] = ()
+    # A daily summary at this local time ("08:00"); "" for none.
+    digest_at: str = Field(default="", pattern=r"^$|^([01][0-9]|2[0-3]):[0-5][0-9]$")
+    # The same event (kind, round, state, cause) is sent once per window, across restarts.
+    dedupe_window: Duration = 3600.0
+    timeout: Duration = 10.0
+    retries: int = Field(default=3, ge=0)
+    backoff: Duration = 2.0
+    queue: int = Field(default=100, ge=1)
+
+
+class MetricsSection(_Model):
+    # A node_exporter textfile (e.g. /var/lib/node_exporter/textfile/shoprld.prom); None: off.
+    textfile: Path | None = None
 
 
 class Config(_Model):
@@ -377,13 +500,18 @@ class Config(_Model):
     wandb: WandbSection = WandbSection()
     secrets: SecretsSection = SecretsSection()
     preflight: PreflightSection = PreflightSection()
+    notify: NotifySection = NotifySection()
+    metrics: MetricsSection = MetricsSection()
     vars: dict[str, str] = {}
     source: Path = Path("campaign.toml")
 
     @model_validator(mode="after")
     def _templates(self) -> Config:
+        self._check_vars()
         known = set(PLACEHOLDERS) | set(self.vars)
         for key, template in self.templates():
+            if key.startswith("vars."):
+                continue  # checked in order by _check_vars
             for name in placeholders_in(template, key):
                 if name not in known:
                     raise ValueError(
@@ -392,7 +520,38 @@ class Config(_Model):
                     )
         if not self.train.command:
             raise ValueError("@train.command: empty; fix: give slime's argv as a list of strings")
+        if self.train.end_offset < -self.campaign.steps_per_round:
+            raise ValueError(
+                f"@train.end_offset: makes round 0 end before iteration 0 (steps_per_round="
+                f"{self.campaign.steps_per_round}) (got {self.train.end_offset}); fix: use 0 (the seed) or -1"
+            )
         return self
+
+    def _check_vars(self) -> None:
+        """``[vars]`` are expanded in order over the built-in values: each may use the built-in
+        placeholders and the vars above it. A var named like a built-in would replace it in every
+        command (``save_dir = "/etc"`` gave the trainer ``--save /etc`` while the daemon watched
+        the real dir), so that is refused, as are self and forward references."""
+        seen: set[str] = set(PLACEHOLDERS)
+        for name, template in self.vars.items():
+            key = f"vars.{name}"
+            if name in PLACEHOLDERS:
+                raise ValueError(
+                    f"@{key}: shadows the built-in placeholder {{{name}}} ({PLACEHOLDERS[name]}) (got {template!r})"
+                    f"; fix: rename it (e.g. my_{name}); built-ins are set by the daemon"
+                )
+            if not _VAR_NAME.match(name):
+                raise ValueError(f"@{key}: not a usable placeholder name; fix: use letters, digits and '_' "
+                                 "(starting with a letter or '_')")
+            for ref in placeholders_in(template, key):
+                if ref == name:
+                    raise ValueError(f"@{key}: refers to itself ({{{ref}}}) (got {template!r}); "
+                                     f"fix: write the value out")
+                if ref not in seen:
+                    where = "is defined after it" if ref in self.vars else "is not a placeholder"
+                    raise ValueError(f"@{key}: {{{ref}}} {where} (got {template!r}); fix: define vars.{ref} "
+                                     f"above vars.{name} ([vars] expand in order), or use a built-in placeholder")
+            seen.add(name)
 
     def templates(self) -> list[tuple[str, str]]:
         """Every template string in the config, with its dotted key."""
@@ -431,15 +590,48 @@ class Config(_Model):
         ):
             for k in names:
                 need.setdefault(k, f"{sec_name}.secrets")
+        for i, ep in enumerate(self.notify.endpoints):
+            need.setdefault(ep.url_env, f"notify.endpoints[{i}].url_env")
+            if ep.token_env:
+                need.setdefault(ep.token_env, f"notify.endpoints[{i}].token_env")
         return need
 
 
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def placeholders_in(template: str, key: str = "") -> list[str]:
-    """Names of ``{placeholders}`` in one template string (``{{`` escapes a brace)."""
+    """Names of ``{placeholders}`` in one template string (``{{`` escapes a brace).
+
+    Only plain ``{name}`` is allowed: every value is a string, so a format spec
+    (``{round:03d}``) fails at run time, a nested one (``{save_dir:{x}}``) reads another
+    value, and an index or attribute (``{save_dir[0]}``, ``{repo.upper}``) silently yields
+    something no one meant.
+    """
+    names: list[str] = []
     try:
-        return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        for _, name, spec, conversion in string.Formatter().parse(template):
+            if name is None:
+                continue
+            if spec or conversion or not _VAR_NAME.match(name):
+                shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise ValueError(
+                    f"@{key}: {shown} is not a plain placeholder (got {template!r}); fix: write "
+                    f"{{name}} without a format spec, conversion, index or attribute, or double a literal "
+                    "brace ({{ and }})"
+                )
+            names.append(name)
     except ValueError as exc:
+        if str(exc).startswith("@"):
+            raise
         raise ValueError(f"@{key}: malformed template {template!r} ({exc}); fix: balance the braces or double them") from None
+    return names
+
+
+def expand_vars(cfg_vars: dict[str, str], values: dict[str, str]) -> None:
+    """Add ``[vars]`` to ``values`` in order: each var sees the built-ins and the vars above it."""
+    for name, template in cfg_vars.items():
+        values[name] = template.format_map(values)
 
 
 def expand(template: tuple[str, ...] | list[str], values: dict[str, str]) -> list[str]:
@@ -491,6 +683,9 @@ _FIXES = {
     "literal_error": "use one of the allowed values",
     "string_pattern_mismatch": "use letters, digits, '.', '_' and '-' only",
     "path_type": "use a path string",
+    "string_too_long": "use a shorter value",
+    "float_type": "use a number (not a boolean or a string)",
+    "finite_number": "use a finite number (not nan or inf)",
 }
 
 
@@ -519,6 +714,11 @@ def _format_error(file: Path, exc: ValidationError) -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a campaign file. Raises :class:`ConfigError` (one line)."""
     file = Path(path).expanduser()
+    from .paths import special_file
+
+    kind = special_file(file)
+    if kind is not None:  # never open it: a FIFO blocks, a device never ends
+        raise ConfigError(f"{file}: is {kind}, not a campaign file; fix: pass the campaign's .toml file")
     try:
         raw = file.read_bytes()
     except FileNotFoundError:
@@ -538,6 +738,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     """Validate an already parsed mapping; paths are made absolute against the file's dir."""
+    nul = _find_nul(data)
+    if nul is not None:
+        raise ConfigError(f"{file}: {nul}: contains a NUL byte (\\u0000); fix: remove it (no path, argument or "
+                          "environment value can hold one)")
     base = file.resolve().parent
     data = _absolutize(data, base)
     data["source"] = str(file.resolve())
@@ -545,6 +749,26 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(file, exc)) from None
+
+
+def _find_nul(data: Any, key: str = "") -> str | None:
+    """The dotted key of the first string (key or value) holding a NUL byte, else None."""
+    if isinstance(data, str):
+        return key if "\x00" in data else None
+    if isinstance(data, dict):
+        for k, v in data.items():
+            sub = f"{key}.{k}" if key else str(k)
+            if "\x00" in str(k):
+                return sub.replace("\x00", "\\x00")
+            found = _find_nul(v, sub)
+            if found is not None:
+                return found
+    if isinstance(data, list):
+        for i, v in enumerate(data):
+            found = _find_nul(v, f"{key}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 _PATH_KEYS = {
@@ -556,6 +780,7 @@ _PATH_KEYS = {
     "sidecar": ("cwd", "conda_prefix"),
     "val": ("cwd", "conda_prefix"),
     "gate": ("cwd", "conda_prefix"),
+    "metrics": ("textfile",),
 }
 
 

@@ -320,13 +320,68 @@ def _campaign_name(config_path: Path) -> str:
     return str(name) if name else str(config_path)
 
 
+def _lock_holders(lock: Path) -> list[int] | None:
+    """Pids holding a flock on ``lock``, from /proc/locks; None when that cannot be told."""
+    try:
+        st = os.stat(lock)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "1: -> FLOCK ..." is a waiter
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == want and f[4].isdigit():
+            out.append(int(f[4]))
+    return out
+
+
+def verified_daemon(state_dir: Path) -> tuple[int | None, str]:
+    """(pid, "") of this campaign's live daemon, or (None, why not) -- see :func:`request_stop`.
+
+    A pid qualifies only if ``daemon.json`` (written by the daemon alone, never by a one-shot
+    command) names it, it holds the lock, and its start time and cmdline are the recorded
+    ones (so a reused pid, or a process that merely wrote a pid file, never does).
+    """
+    from .status import probe_lock
+    from .store import DAEMON_RECORD, proc_identity
+
+    lock = state_dir / LOCK_FILE
+    held, holder = probe_lock(lock)
+    if held is False:
+        return None, "not held"
+    try:
+        rec = json.loads((state_dir / DAEMON_RECORD).read_bytes())
+    except (OSError, ValueError):
+        rec = None
+    pid = rec.get("pid") if isinstance(rec, dict) else None
+    who = f"pid {holder}" if holder else "a process"
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None, f"{lock} is held by {who}, and {state_dir / DAEMON_RECORD} names no daemon (a one-shot " \
+                     "command such as `shoprld clean` or `export-campaign` holds it, or a daemon of an older shoprld)"
+    holders = _lock_holders(lock)
+    holds = pid in holders if holders else holder == pid  # no /proc/locks line: trust the lock file
+    ticks, argv = proc_identity(pid)
+    if ticks is None:
+        return None, f"{lock} is held by {who}, not by the recorded daemon pid {pid} (it is gone)"
+    if not holds:
+        return None, f"{lock} is held by {who}, not by the recorded daemon pid {pid}"
+    if ticks != rec.get("start_ticks") or argv != rec.get("cmdline"):
+        return None, (f"pid {pid} is not the recorded daemon (its start time or command line differ from "
+                      f"{state_dir / DAEMON_RECORD}: the pid was reused)")
+    return pid, ""
+
+
 def request_stop(config_path: Path, mode: str = "now") -> int:
-    """``shoprld stop``: over the socket; else SIGTERM to the lock holder; else nothing runs.
+    """``shoprld stop``: over the socket; else SIGTERM to the verified daemon; else nothing runs.
 
     Idempotent: stopping a campaign whose daemon does not run prints one line and exits 0.
+    SIGTERM goes only to a pid that holds the lock AND is the daemon ``daemon.json`` records
+    (same start time and cmdline); a lock held by anything else (a one-shot command, a stale
+    pid file's reused pid) is refused in one line, exit 3, with nothing signalled (issue 15).
     """
     from .paths import QuickConfigError, state_dir_from_toml
-    from .status import daemon_liveness
 
     if mode not in STOP_MODES:
         raise ValueError(f"stop mode {mode!r}; known: {', '.join(STOP_MODES)}")
@@ -342,10 +397,13 @@ def request_stop(config_path: Path, mode: str = "now") -> int:
         print(f"shoprld: stop requested ({_MODE_TEXT[mode]}); {msg}")
         return 0
     nothing = f"shoprld: no daemon runs campaign {_campaign_name(config_path)} (state dir {state_dir}); nothing to stop"
-    alive, pid = daemon_liveness(state_dir)
-    if not alive or pid is None:
-        print(nothing)
-        return 0
+    pid, why = verified_daemon(state_dir)
+    if pid is None:
+        if why == "not held":
+            print(nothing)
+            return 0
+        raise ControlRefused(f"{why}; nothing was signalled; fix: wait for that command to finish and rerun "
+                             "`shoprld stop` (check the pid with `ps` before stopping it by hand)")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:  # it exited between the probe and the signal

@@ -12,7 +12,9 @@ Rerunning ``shoprld demo --dir D`` on an existing D resumes instead of starting 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -87,8 +89,17 @@ def _git_init(repo: Path) -> None:
         pass  # no git: the ledger's commit columns stay empty
 
 
+def self_command() -> str:
+    """How to run this very shoprld again, pasteable as printed: the venv's console script is
+    usually not on PATH, so its absolute path (else this interpreter with ``-m``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "shoprld" and os.path.isfile(argv0):
+        return shlex.quote(os.path.abspath(argv0))
+    return f"{shlex.quote(sys.executable)} -m shoprld.daemon.cli"
+
+
 def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rounds: int | None = None,
-             no_run: bool = False) -> int:
+             verbose: bool = False, no_run: bool = False) -> int:
     """Create (or resume) the demo tree in ``where`` and run its campaign.
 
     With ``no_run`` the tree is written (or left as it is, when it exists) and nothing runs, so
@@ -109,18 +120,39 @@ def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rou
     print(f"  repo (ledger)  {root / 'repo'}")
     print(f"  volume         {root / 'ephemeral'}")
     print(f"  state dir      {root / 'state'}")
+    me = self_command()
+    quoted = shlex.quote(str(campaign))
     if no_run:
-        print(f"  check it       shoprld check -c {campaign}")
-        print(f"  run it         shoprld demo --dir {root}   (or: shoprld run -c {campaign})")
+        print(f"  check it       {me} check -c {quoted}")
+        print(f"  run it         {me} demo --dir {shlex.quote(str(root))}   (or: {me} run -c {quoted})")
         return 0
-    print(f"  watch it       shoprld status --watch -c {campaign}")
-    print(f"  stop it        shoprld stop -c {campaign}   (or Ctrl-C; rerun to resume)")
+    print(f"  watch it       {me} status --watch -c {quoted}")
+    print(f"  stop it        {me} stop -c {quoted}")
+    print("                 (Ctrl-C stops it too; rerun the demo with --dir to resume)")
     sys.stdout.flush()
     t0 = time.monotonic()
-    code = run_campaign(campaign, debug=debug)
+    code = run_campaign(campaign, debug=debug, verbose=verbose)
     took = time.monotonic() - t0
     _summary(root, code, took)
+    _report(campaign, me)
     return code
+
+
+def _report(campaign: Path, me: str) -> None:
+    """Write the campaign report when the report extra is installed; else say how."""
+    from .report import ReportExtraMissing, write_report
+
+    try:
+        path = write_report(campaign)
+    except ReportExtraMissing:
+        from .report import INSTALL_HINT
+
+        print(f"  report   needs the report extra: {INSTALL_HINT}, then: {me} report -c {shlex.quote(str(campaign))}")
+        return
+    except Exception as exc:  # the demo's result stands without its report  # noqa: BLE001
+        print(f"  report   not written ({type(exc).__name__}: {exc})")
+        return
+    print(f"  report   {path}")
 
 
 def _summary(root: Path, code: int, took: float) -> None:
@@ -128,10 +160,14 @@ def _summary(root: Path, code: int, took: float) -> None:
         status = json.loads((root / "state" / "status.json").read_text())
     except (OSError, ValueError):
         status = {}
+    from .status import round_label
+
     print(f"\nshoprld demo: exit {code}, state {status.get('state')}, {took:.1f}s")
+    rounds = int(status.get("rounds") or 0)
     for r in status.get("rounds_done", []):
-        print(f"  round-{r['round']:03d}  success_rate={r.get('val')}  gate={r.get('gate')}  "
-              f"skillbank={r.get('branch')}  {r.get('duration_seconds') or 0:.1f}s")
+        val = r.get("val")
+        print(f"  {round_label(r['round'], rounds)}  success_rate={'-' if val is None else f'{val:.3g}'}  "
+              f"gate={r.get('gate')}  skillbank={r.get('branch')}  {r.get('duration_seconds') or 0:.1f}s")
     ledger = root / "repo" / "reports" / "shoprld" / "demo.tsv"
     if ledger.exists():
         print(f"  ledger   {ledger}")

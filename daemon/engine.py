@@ -43,12 +43,15 @@ from shoprld.states import (
     val,
 )
 
+from . import bundles
+from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
+from .alerts import Alerts
 from .config import Config, ProcessSpec, load_config, resolve_deadline
-from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ShoprldError
+from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
 from .layout import Layout
-from .machine import ADVANCE, ROUND_STATES, Machine, State
+from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
 from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
@@ -86,6 +89,8 @@ def _maybe_die(state: State, point: str, round_index: int) -> None:
     marker.touch()
     os.kill(os.getpid(), signal.SIGKILL)
 log = structlog.get_logger("shoprld.engine")
+# How long the daemon waits at exit for queued notifications (the final "done"/"failed").
+ALERT_DRAIN_S = 30.0
 
 
 def demo_dir() -> Path:
@@ -128,7 +133,7 @@ class Engine:
 
     def __init__(self, cfg: Config, layout: Layout, secrets: Secrets, *, launcher: Launcher | None = None,
                  clock: base.Clock | None = None, wait_for_space: bool = False,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False) -> None:
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
         from .raylauncher import build_launcher
@@ -136,6 +141,7 @@ class Engine:
         self._raw_launcher = launcher or build_launcher(cfg, layout)
         self.launcher: Launcher = _TaggingLauncher(self._raw_launcher, str(layout.state_dir))
         self.wait_for_space = wait_for_space
+        self.adopt_state = adopt_state  # `shoprld run --adopt-state`: take over another campaign's state dir
         self._transport = transport
         # The one Redactor every persisted or sent text passes through, whoever built it.
         self.redactor = secrets.redactor
@@ -161,15 +167,31 @@ class Engine:
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
         self.demo_dir = demo_dir()
-        self.notifier = Notifier(redactor=self.redactor)
+        self.notifier = Notifier(redactor=self.redactor)  # sd_notify (systemd)
+        # Operator notifications (webhook/Slack/ntfy), sent by a task of their own.
+        self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal)
+        self.metrics: Any = None
+        if cfg.metrics.textfile is not None:
+            from .metrics import TextfileMetrics
+
+            self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
+        # Per failed attempt (issue 18): the cause of each state's last failure (the policy),
+        # and what the running attempt started with (its log offset, its argv and exit).
+        self.last_cause: dict[str, str] = {}
+        self.attempt_info: dict[str, Any] = {}
+        self.recovering: str | None = None  # set by a failure or an unclean restart; "recovered" on success
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
+        self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
+        self._round_started_at: float | None = None
+        self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
-        self.store.acquire_lock()
+        self.store.acquire_lock(role="daemon")
         try:
+            self._check_identity()
             self._load()
             async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
                 self.http = http
@@ -177,7 +199,10 @@ class Engine:
                     tg.start_soon(self._signals)
                     tg.start_soon(self._control)
                     tg.start_soon(self._watchdog)
+                    tg.start_soon(self.alerts.run)
+                    tg.start_soon(self.alerts.digest_loop, self.store.journal)
                     code = await self._drive(tg)
+                    await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
                     tg.cancel_scope.cancel()
             aclose = getattr(self._raw_launcher, "aclose", None)
             if aclose is not None:  # e.g. a Ray head this daemon started
@@ -185,8 +210,20 @@ class Engine:
                     await aclose()
             return code
         finally:
-            self._write_status(force=True)
+            if self.snap:  # never over another campaign's status (a refused identity, issue 15)
+                self._write_status(force=True)
             self.store.release_lock()
+
+    def _check_identity(self) -> None:
+        """Refuse (exit 3) a state dir that belongs to another campaign, before reading it."""
+        from .identity import ensure, expected
+
+        want = expected(self.cfg.campaign.name, self.cfg.campaign.experiment, self.layout.repo,
+                        self.layout.ephemeral_root)
+        done = ensure(self.layout.state_dir, want, adopt=self.adopt_state)
+        if done is not None and done != "created":
+            log.warning("state.identity", action=done, state_dir=str(self.layout.state_dir))
+            self.store.append({"event": "state.identity", "action": done})
 
     def _load(self) -> None:
         loaded = self.store.load()
@@ -200,7 +237,13 @@ class Engine:
             "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
+            "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
+                         "stalls": int((data.get("counters") or {}).get("stalls", 0))},
         }
+        prev_state = data.get("state")
+        if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
+            self.state_data["counters"]["restarts"] += 1
+            self.recovering = f"the daemon restarted after dying in {prev_state}"
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
@@ -221,6 +264,7 @@ class Engine:
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
             "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
             "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
+            "last_failure": data.get("last_failure"),
             "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
         }
         last = ckpt.scan(self.layout.save_dir).latest_complete
@@ -287,6 +331,8 @@ class Engine:
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
+            await self._attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
+            self._alert("failed", str(outcome))
             self.snap["last_error"] = str(outcome)
             self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
             log.error("stage.error", state=state.value, error=str(outcome))
@@ -296,12 +342,16 @@ class Engine:
             _maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
+        extra = {"step_seconds": self._round_step_s[1]} if state is State.TRAIN and self._round_step_s \
+            and self._round_step_s[0] == self.round else {}  # this round's median, for `shoprld report`
         self._journal("stage.outcome", sync=False, state=state.value, attempt=attempt, kind=outcome.kind,
-                      message=outcome.message)  # the store redacts
+                      message=outcome.message, **extra)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
             self.failures.pop(state.value, None)
+            self.last_cause.pop(state.value, None)
             self.attempt = 1
+            self._notify_recovered(state)
             if state is State.NEXT_ROUND:
                 self._round_finished()
             if self.park_pending:
@@ -310,7 +360,17 @@ class Engine:
                     self.stop.mode == "round" and state is State.NEXT_ROUND:
                 return await self._stop_now(EXIT_OK, "requested")
             return await self._advance(state)
+        cause = await self._attempt_failed(state, attempt, outcome) \
+            if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
+            assert cause is not None
+            if outcome.data.get("stall"):
+                self._alert("stalled", outcome.message)
+            if cause.name in causes.NO_THIRD_TRY and self.last_cause.get(state.value) == cause.name:
+                return await self._fail(f"{state.value} failed twice in a row with {cause.name} ({cause.detail}); "
+                                        f"not retried a third time; fix: {cause.advice}", EXIT_STAGE, "failed")
+            self.last_cause[state.value] = cause.name
+            self.state_data["counters"]["restarts"] += 1
             n = 0 if outcome.data.get("progressed") else self.failures.get(state.value, 0) + 1
             self.failures[state.value] = n
             spec = self._spec(state)
@@ -337,6 +397,62 @@ class Engine:
         if outcome.kind == "gate_stop":
             return await self._fail(outcome.message, EXIT_GATE, "gate")
         return await self._fail(outcome.message, EXIT_STAGE, "failed")
+
+    # -- failure causes, crash bundles, notifications (issue 18) -------------------------------
+    def _attempt_started(self, state: State) -> None:
+        """Remember where this attempt's part of the stage log begins, and when it began."""
+        log_path = self.layout.stage_log(self.round, state.value)
+        try:
+            offset = log_path.stat().st_size
+        except OSError:
+            offset = 0
+        self.attempt_info = {"state": state.value, "log": log_path, "offset": offset,
+                             "monotonic": time.monotonic(), "argv": [], "returncode": None}
+
+    async def _attempt_failed(self, state: State, attempt: int, outcome: base.Outcome) -> causes.Cause:
+        """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
+        info = self.attempt_info if self.attempt_info.get("state") == state.value else {}
+        log_path: Path = info.get("log") or self.layout.stage_log(self.round, state.value)
+        tail = bundles.read_tail(log_path)
+        try:  # only this attempt's part of the log: an earlier attempt's OOM is not this one's cause
+            size = log_path.stat().st_size
+            tail = tail[max(0, len(tail) - (size - int(info.get("offset", 0)))):]
+        except OSError:
+            pass
+        exit_status = outcome.data.get("returncode", info.get("returncode"))
+        stalled = bool(outcome.data.get("stall"))
+        cause = causes.classify(exit_status=exit_status, log_tail=tail, stalled=stalled,
+                                kernel_log=causes.kernel_log_since(float(info.get("monotonic", 0.0))))
+        rid = base.round_id(self.round)
+        dest = bundles.free_attempt_dir(self.layout.logs, rid, state.value, attempt)
+        problem = await bundles.write_bundle(
+            dest, round_id=rid, state=state.value, attempt=attempt, exit_status=exit_status,
+            cause=cause.to_json(), argv=info.get("argv") or [], message=outcome.message, log_path=log_path,
+            stalled=stalled, redactor=self.redactor, nvidia_smi=self.cfg.gpus.nvidia_smi)
+        if problem:
+            log.warning("bundle.write_failed", error=problem)
+        self.snap["last_failure"] = {"round": self.round, "round_id": rid, "state": state.value, "attempt": attempt,
+                                     "cause": cause.name, "detail": cause.detail, "advice": cause.advice,
+                                     "bundle": str(dest), "at": time.time()}
+        self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
+                      stalled=stalled, bundle=str(dest), message=outcome.message)
+        log.warning("attempt.failed", state=state.value, attempt=attempt, cause=cause.name, bundle=str(dest))
+        self.recovering = f"{state.value} failed ({cause.name})"
+        return cause
+
+    def _alert(self, event: str, text: str, *, failure: bool = True) -> None:
+        """Queue an operator notification about now; the last failure's cause rides along."""
+        lf = self.snap.get("last_failure") or {}
+        mine = failure and lf.get("round") == self.round
+        self.alerts.post(event, text, round=self.round, state=self.machine.state.value if not mine else lf.get("state"),
+                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
+
+    def _notify_recovered(self, state: State) -> None:
+        """A round stage completed after a failed attempt or an unclean daemon restart (not
+        PREFLIGHT_DISK, which passes before the work that died is retried)."""
+        if self.recovering and state in ROUND_STATES:
+            self._alert("recovered", f"{state.value} completed after {self.recovering}")
+            self.recovering = None
 
     async def _advance(self, state: State) -> int | None:
         """Leave ``state`` (done or skipped) and enter the next one, skipping what is on disk."""
@@ -403,6 +519,7 @@ class Engine:
         ctx = self._ctx(attempt=attempt)
         spec = self._spec(state)
         structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
+        self._attempt_started(state)
         with anyio.CancelScope() as scope:
             self.stage_scope = scope
             outcome: base.Outcome | ShoprldError
@@ -523,6 +640,7 @@ class Engine:
         self._transition(self.machine.state, State.STOPPED, "stop", message=reason, resume_from=resume)
         self.snap["stop_reason"] = reason
         self._write_status(force=True)
+        self._alert("stopped", f"stopped ({reason}); resumes from {resume['state']}", failure=False)
         log.info("daemon.stopped", reason=reason, resume_from=resume)
         return code
 
@@ -533,6 +651,7 @@ class Engine:
         await self._stop_children()
         self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
         log.error("campaign.failed", message=message, exit_code=code)
+        self._alert("gate_stop" if reason == "gate" else "failed", message, failure=reason != "gate")
         self.final_message = message
         return code
 
@@ -542,6 +661,8 @@ class Engine:
         await self._stop_children()
         self._persist()
         log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)
+        self._alert("done", f"done ({reason}): {len(self.snap.get('rounds_done', []))} of "
+                    f"{self.cfg.campaign.rounds} rounds", failure=False)
         return code
 
     async def _park(self, reason: str) -> int | None:
@@ -558,6 +679,7 @@ class Engine:
         self.snap["last_error"] = reason
         self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
         log.warning("disk.parked", reason=reason, **numbers)
+        self._alert("parked", f"parked in PAUSED_DISK: {reason}", failure=False)
         if not self.wait_for_space:
             self.final_message = (f"parked in PAUSED_DISK: {reason}; fix: free space on "
                                   f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
@@ -800,6 +922,9 @@ class Engine:
         # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
         # a TRAIN event); a stage's own events name their state explicitly.
         rec = {"event": event, "seq": self.seq, "round": self.round, "state": self.machine.state.value, **fields}
+        disk = self.snap.get("disk")
+        if event in ("transition", "checkpoint.committed") and isinstance(disk, dict) and "free_bytes" not in rec:
+            rec["free_bytes"] = disk.get("free_bytes")  # the last sample: `shoprld report`'s free-disk series
         if event == "transition":
             rec["snapshot"] = self._state_doc()
         self.store.append(rec, sync=sync)
@@ -809,7 +934,7 @@ class Engine:
             **self.state_data, "state": self.machine.state.value, "round": self.round, "seq": self.seq,
             "children": {r: c.record.to_json() for r, c in self.children.items()},
             "rounds_done": self.snap.get("rounds_done", []), "stop_reason": self.snap.get("stop_reason"),
-            "last_error": self.snap.get("last_error"),
+            "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
 
     def _persist(self) -> None:
@@ -828,7 +953,9 @@ class Engine:
         if served is not None and served != self.cfg.shopsim.slots:
             warnings.append(f"shopsim at {self.cfg.shopsim.url} has {served} slots but shopsim.slots = "
                             f"{self.cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
-        return {**self.snap, "warnings": warnings, "shopsim": shop, "children": children, "deadline": deadline,
+        plan = self._plan()
+        warnings += [line for _, line in plan.problems()]
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -839,10 +966,39 @@ class Engine:
             return
         self._last_status_write = now
         doc = self._status_doc()
+        self._warn_plan()
         try:
             self.store.write_status(doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
+        if self.metrics is not None:
+            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+
+    def _plan(self) -> Any:
+        """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
+        from .planning import make_plan
+        from .preflight import forecast_for
+
+        disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
+        last = self.snap.get("last_checkpoint") or {}
+        in_round = self.machine.state in ROUND_STATES
+        return make_plan(
+            rounds=self.cfg.campaign.rounds, current=self.round,
+            durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
+            round_started_at=self._round_started_at, now=self.clock.time(),
+            train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
+            deadline=self.state_data.get("deadline"), free_bytes=disk.get("free_bytes"),
+            hard_limit_bytes=disk.get("hard_limit_bytes"),
+            need_bytes=forecast_for(self.cfg, last.get("bytes") or None).total)
+
+    def _warn_plan(self) -> None:
+        """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
+        for reason, line in self._plan().problems():
+            if (self.round, reason) in self._plan_warned:
+                continue
+            self._plan_warned.add((self.round, reason))
+            log.warning("plan.next_round_wont_fit", reason=reason, message=line)
+            self._journal("plan.next_round_wont_fit", sync=False, reason=reason, message=line)
 
     def _emit(self, event: str, **fields: Any) -> None:
         log.info(event, **fields)
@@ -850,11 +1006,15 @@ class Engine:
             self.snap["step"] = fields.get("step", self.snap.get("step", 0))
             if fields.get("step_seconds"):
                 self.snap["step_seconds"] = fields["step_seconds"]
+                self._round_step_s = (self.round, float(fields["step_seconds"]))
                 left = self.cfg.campaign.steps_per_round - self.snap["step"]
                 self.snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self._write_status()
             self.notifier.status_of(self.snap)
         elif event == "train.stall":
+            self.state_data["counters"]["stalls"] += 1
+            if fields.get("policy") == "alert":  # "restart" alerts with the cause once the attempt ends
+                self._alert("stalled", f"trainer stalled: no step for {fields.get('idle_s')}s", failure=False)
             self.snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self._journal("train.stall", **fields)
             self._write_status(force=True)
@@ -865,7 +1025,10 @@ class Engine:
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
+        elif event == "stage.exit":
+            self.attempt_info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
+            self.attempt_info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
             if fields.get("role") == "shopsim":
                 self._write_status(force=True)
@@ -880,9 +1043,12 @@ class Engine:
     # -- rounds and the deadline -------------------------------------------------------------------------
     def _mark_round_started(self) -> None:
         path = self.layout.artifacts / "round" / f"{base.round_id(self.round)}.json"
-        if base.read_json(path) is None:
+        rec = base.read_json(path)
+        if rec is None:
+            rec = {"round": self.round, "started_at": self.clock.time()}
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {"round": self.round, "started_at": self.clock.time()})
+            atomic_write_json(path, rec)
+        self._round_started_at = _num(rec.get("started_at"))
 
     def _round_finished(self) -> None:
         ctx = self._ctx()
@@ -895,11 +1061,16 @@ class Engine:
         done = [r for r in self.snap.get("rounds_done", []) if r.get("round") != self.round]
         done.append({"round": self.round, "val": primary.get("success_rate") if primary else None,
                      "metric_name": "success_rate", "gate": gate_rec.get("decision"),
+                     "analysis": gate_rec.get("analysis_status"),
                      "branch": inject_rec.get("branch"), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
+        log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
+        val = f"{primary.get('success_rate')}" if primary else "n/a"
+        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {gate_rec.get('decision', '?')}",
+                    failure=False)
         self._check_hygiene(f"after {ctx.round_id}")
 
     # -- repo hygiene (issue 9): before the first stage and after each round; never deletes ----------
@@ -943,18 +1114,39 @@ class Engine:
 
 
 
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
-                 launcher: Launcher | None = None) -> int:
-    """``shoprld run``: load, check secrets, configure logging, run the engine."""
+                 launcher: Launcher | None = None, adopt_state: bool = False, verbose: bool = False) -> int:
+    """``shoprld run``: load, check secrets, configure logging, run the engine.
+
+    The console gets JSON lines when piped or under systemd, the compact view on a
+    terminal, and every event with ``verbose`` or ``debug`` (daemon/console.py).
+    """
+    from .console import Campaign, terminal_mode
     from .logs import configure, set_secrets
 
     cfg = load_config(config)
     layout = Layout.from_config(cfg)
     secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
+    # child starts (the same function: issue 15).
+    from .validate import validate
+
+    validate(cfg, layout)
     set_secrets(secrets)
-    configure(level="DEBUG" if debug else "INFO")
-    secrets.require(cfg.required_secrets())
-    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space)
+    mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
+    secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
+    from .metrics import extras_problem
+
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        raise ConfigError(missing)
+    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
     code = anyio.run(engine.main)
     if code and engine.final_message:
         print(f"shoprld: {secrets.redact(engine.final_message)}", file=sys.stderr)

@@ -21,6 +21,9 @@ EXIT_CONFIG = 3
 EXIT_DISK = 4
 EXIT_GATE = 5
 EXIT_STAGE = 6
+# Not errors of the campaign: the reader of stdout left early (`shoprld check | head -1`). 128 +
+# SIGPIPE, what a shell reports for a program that SIGPIPE ended; nothing is printed.
+EXIT_PIPE = 141
 
 
 class ShoprldError(Exception):

@@ -164,7 +164,12 @@ class Layout:
         env.update(self.cache_env())
         env.update({
             "RAY_TMPDIR": str(self.child_ray_tmp),
+            # All three: Python's tempfile honours TMPDIR, TEMP and TMP (in that order), and the
+            # seed's setup_sys_cache.sh exports all three; a long one left over from the daemon's
+            # own environment must not reach a child (AF_UNIX paths, see child_tmp).
             "TMPDIR": str(self.child_tmp),
+            "TEMP": str(self.child_tmp),
+            "TMP": str(self.child_tmp),
             "WANDB_DIR": str(self.wandb_dir),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus.visible),
             "SHOPSIMRL_PROJECT_ROOT": str(self.project_root),

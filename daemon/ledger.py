@@ -4,7 +4,12 @@ Columns (the auto-research template, then the storage etiquette's absolute paths
 
     index branch parent_commit commit recipe metric_name metric_value memory_gb elapsed_min
     launcher job_id command log_path status description exp_dir checkpoint_path
-    artifacts_path cache_root
+    artifacts_path cache_root causes
+
+``causes`` (issue 18) lists the round's failed attempts as ``STATE:cause`` words, oldest
+first (``TRAIN:cuda_oom TRAIN:unknown``; empty for a clean round); each has a crash bundle
+under ``<exp_dir>/logs/attempts/``. It is the last column, and rows are read by header name,
+so a ledger written before it existed reads the same (its rows get an empty ``causes``).
 
 ``status`` is ``keep``, ``discard`` or ``crash``. ``index`` is the round's 0-based index and
 is the row's identity: :meth:`Ledger.append` is idempotent on it, so a daemon that crashes
@@ -46,7 +51,7 @@ from .store import atomic_write
 COLUMNS = (
     "index", "branch", "parent_commit", "commit", "recipe", "metric_name", "metric_value",
     "memory_gb", "elapsed_min", "launcher", "job_id", "command", "log_path", "status",
-    "description", "exp_dir", "checkpoint_path", "artifacts_path", "cache_root",
+    "description", "exp_dir", "checkpoint_path", "artifacts_path", "cache_root", "causes",
 )
 STATUSES = ("keep", "discard", "crash")
 POINTER_PREFIX = "# full ledger: "

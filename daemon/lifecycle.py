@@ -62,6 +62,7 @@ import socket
 import stat
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -138,7 +139,7 @@ class _Locked:
 
     def __enter__(self) -> Store:
         try:
-            self.store.acquire_lock()
+            self.store.acquire_lock(role="oneshot")  # never daemon.pid: `stop` must not see us
         except LockError as exc:
             raise LockError(f"{self.action} refused: {exc}") from None
         return self.store
@@ -926,6 +927,7 @@ def _copy_items(camp: Campaign, roots: Mapping[str, str], state: Mapping[str, An
 def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = None) -> int:
     """``shoprld export-campaign``: the small state as a tar, plus MOVE_CHECKLIST.md."""
     out = out or sys.stdout
+    _check_out_path(out_tar)
     camp = open_campaign(config_path)
     cfg, layout = camp.cfg, camp.layout
     _refuse_if_running(layout.state_dir, "export-campaign")
@@ -978,7 +980,7 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
         members["manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         _write_tar(out_tar, members)
         beside = out_tar.with_name(out_tar.name + ".MOVE_CHECKLIST.md")
-        atomic_write(beside, checklist.encode())
+        _write_private(beside, lambda fh: fh.write(checklist.encode()))
     size = out_tar.stat().st_size
     need = [i for i in items if i.required]
     out.write(f"exported {cfg.campaign.name} / {cfg.campaign.experiment} (state {state.get('state')}, "
@@ -990,17 +992,62 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
     return EXIT_OK
 
 
+def _check_out_path(out_tar: Path) -> None:
+    """Refuse, before any work, a destination that can never take the bundle (one line each)."""
+    try:
+        st: os.stat_result | None = os.stat(out_tar)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise LifecycleError(f"{out_tar}: cannot use as the bundle ({exc.strerror}); "
+                             "fix: pass a file path in a writable dir") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise LifecycleError(f"{out_tar}: is a directory; fix: name the bundle file, e.g. {out_tar / 'campaign.tar'}")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise LifecycleError(f"{out_tar}: exists and is not a regular file; fix: pass a path for a new .tar file")
+    parent = out_tar.parent
+    if not parent.is_dir():
+        raise LifecycleError(f"{parent}: no such directory for the bundle {out_tar.name}; "
+                             f"fix: `mkdir -p {parent}` or pass another path")
+
+
+def _write_private(path: Path, fill: Any) -> None:
+    """Create ``path`` through a 0600 temp file in its own dir (``fill(fileobj)`` writes it), fsync,
+    rename. On any failure the temp file is removed and the error is one line (a LifecycleError):
+    a bundle holds the campaign's state, so no half-written or world-readable copy stays behind."""
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise LifecycleError(f"{path}: cannot write ({exc.strerror or exc}); "
+                             "fix: choose a writable place with free space") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 def _write_tar(path: Path, members: Mapping[str, bytes]) -> None:
     mode = "w:gz" if path.name.endswith((".tar.gz", ".tgz")) else "w"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     now = time.time()
-    with tarfile.open(tmp, mode) as tar:  # type: ignore[call-overload]
-        for name in sorted(members):
-            data = members[name]
-            info = tarfile.TarInfo(f"{BUNDLE_TOP}/{name}")
-            info.size, info.mtime, info.mode = len(data), int(now), 0o600
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+
+    def fill(fh: Any) -> None:
+        with tarfile.open(fileobj=fh, mode=mode) as tar:  # type: ignore[call-overload]
+            for name in sorted(members):
+                data = members[name]
+                info = tarfile.TarInfo(f"{BUNDLE_TOP}/{name}")
+                info.size, info.mtime, info.mode = len(data), int(now), 0o600
+                tar.addfile(info, io.BytesIO(data))
+
+    _write_private(path, fill)
 
 
 def move_checklist(manifest: Mapping[str, Any]) -> str:
@@ -1130,37 +1177,167 @@ def _verify_checkpoint(save_dir: Path, want: Mapping[str, Any]) -> str | None:
     return None
 
 
+# The only inputs/<key>/ members a bundle may carry: export writes exactly these, and each maps to
+# the config attribute of the same name (never an arbitrary attribute of [inject]).
+INPUT_KEYS = ("cold_start_skillbank", "cold_start_curriculum")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME_MAX = 255  # bytes in one path component (ext4, xfs, tmpfs)
+_PATH_MAX = 4000
+
+
+class _Fence:
+    """The new roots an import may write under: ``--repo``, ``--ephemeral-root``, the state dir.
+
+    Every destination that comes from a bundle (the bundled config's paths, member names, the
+    manifest's roots) is checked by its realpath, so a symlink already in the new tree, a ``..``
+    or an absolute path cannot lead a write elsewhere. An existing file that is not a regular
+    file is refused too (a device, a FIFO, a dir where a file goes).
+    """
+
+    def __init__(self, roots: Mapping[str, Path]) -> None:
+        self.roots = {k: os.path.realpath(v) for k, v in roots.items()}
+
+    def refusal(self, dst: Path, *, directory: bool = False) -> str | None:
+        raw = os.fsencode(str(dst))
+        if len(raw) >= _PATH_MAX or any(len(c) > _NAME_MAX for c in raw.split(b"/")):
+            return "has a name too long for the filesystem"
+        real = os.path.realpath(dst)
+        if not any(_within_or_equal(real, r) for r in self.roots.values()):
+            where = ", ".join(f"--{k} {v}" for k, v in self.roots.items())
+            return f"resolves to {real}, outside the roots given ({where})"
+        try:
+            st = os.lstat(real)
+        except OSError:
+            return None
+        if directory and not stat.S_ISDIR(st.st_mode):
+            return "exists and is not a directory"
+        if not directory and not stat.S_ISREG(st.st_mode):
+            return "exists and is not a regular file"
+        return None
+
+    def check(self, dst: Path, what: str, *, directory: bool = False) -> None:
+        why = self.refusal(dst, directory=directory)
+        if why is not None:
+            raise LifecycleError(f"{dst} ({what}, from the bundle) {why}; import-campaign writes nothing outside "
+                                 "the new roots; fix: re-export with that path under the repo or the ephemeral root, "
+                                 "or pass roots that hold it")
+
+
+@dataclass
+class _Plan:
+    """Everything an import will write, checked before the first write."""
+
+    writes: list[tuple[Path, bytes, str]] = field(default_factory=list)  # (dst, data, kind)
+    ledger: bytes | None = None
+    skipped: list[str] = field(default_factory=list)
+
+
+def _bad_bundle(bundle: Path, what: str) -> LifecycleError:
+    return LifecycleError(f"{bundle}: {what}; fix: pass the tar `shoprld export-campaign` wrote (export again)")
+
+
+def _check_manifest(bundle: Path, manifest: Any) -> None:
+    """The manifest fields import relies on, with the types it relies on (a hostile bundle is one line)."""
+    if not isinstance(manifest, dict):
+        raise _bad_bundle(bundle, "manifest.json is not an object")
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise LifecycleError(f"{bundle}: format {manifest.get('format')!r}, expected {BUNDLE_FORMAT}; "
+                             "fix: export with the same shoprld version")
+    roots = manifest.get("roots")
+    if not isinstance(roots, dict) or not all(isinstance(roots.get(k), str) and os.path.isabs(roots[k])
+                                              for k in ("repo", "ephemeral_root", "state_dir", "config_dir")):
+        raise _bad_bundle(bundle, "manifest.json:roots must name absolute repo, ephemeral_root, state_dir, config_dir")
+    if not all(isinstance(v, str) for v in roots.values()):
+        raise _bad_bundle(bundle, "manifest.json:roots holds a value that is not a path")
+    for key in ("campaign", "user"):
+        if not isinstance(manifest.get(key), str) or not _SAFE_NAME.fullmatch(manifest[key]):
+            raise _bad_bundle(bundle, f"manifest.json:{key} {manifest.get(key)!r} is not a plain name")
+    for key in ("config_file", "host", "experiment"):
+        if not isinstance(manifest.get(key), str):
+            raise _bad_bundle(bundle, f"manifest.json:{key} missing or not a string")
+    if not os.path.isabs(manifest["config_file"]) or Path(manifest["config_file"]).name in ("", ".", ".."):
+        raise _bad_bundle(bundle, f"manifest.json:config_file {manifest['config_file']!r} is not an absolute file path")
+    st = manifest.get("state")
+    if not isinstance(st, dict) or not (st.get("round") is None or type(st.get("round")) is int):
+        raise _bad_bundle(bundle, "manifest.json:state must hold an integer round")
+    copy = manifest.get("copy")
+    if not isinstance(copy, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("what"), str) and isinstance(i.get("src"), str)
+            and isinstance(i.get("rel"), str) and isinstance(i.get("required"), bool)
+            and (i.get("root") == "" or i.get("root") in roots) for i in copy):
+        raise _bad_bundle(bundle, "manifest.json:copy is not a list of copy items")
+    ck = manifest.get("checkpoint")
+    if ck is not None and not (isinstance(ck, dict) and type(ck.get("iteration")) is int and ck["iteration"] >= 0
+                               and type(ck.get("bytes", 0)) is int and isinstance(ck.get("path"), str)
+                               and isinstance(ck.get("save_dir"), str)):
+        raise _bad_bundle(bundle, "manifest.json:checkpoint is malformed")
+
+
 def import_campaign(bundle: Path, repo: Path, ephemeral_root: Path, state_dir: Path | None = None, *,
                     config_out: Path | None = None, out: TextIO | None = None) -> int:
-    """``shoprld import-campaign``: re-point the roots, verify the copied checkpoint, restore the state."""
+    """``shoprld import-campaign``: re-point the roots, verify the copied checkpoint, restore the state.
+
+    Nothing is written outside ``repo``, ``ephemeral_root`` and the state dir (plus the campaign
+    file: ``--config-out``, or its old place relative to the repo), and no existing file outside
+    them changes; see :class:`_Fence`. Every refusal is one line, exit 3, before the first write.
+    """
     out = out or sys.stdout
+    if not bundle.is_file():  # never open a FIFO or a device: that blocks or reads forever
+        raise LifecycleError(f"{bundle}: not a regular file; fix: pass the tar export-campaign wrote")
     files = _read_bundle(bundle)
     try:
         manifest = json.loads(files["manifest.json"])
     except ValueError:
         raise LifecycleError(f"{bundle}: manifest.json is not JSON; fix: export again") from None
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise LifecycleError(f"{bundle}: format {manifest.get('format')!r}, expected {BUNDLE_FORMAT}; "
-                             "fix: export with the same shoprld version")
+    _check_manifest(bundle, manifest)
+    try:
+        return _import(bundle, files, manifest, repo, ephemeral_root, state_dir, config_out, out)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # The manifest's shape is checked above; this is the backstop for the bundled config's
+        # and state files' contents (a hostile or damaged bundle must not crash with exit 1).
+        raise _bad_bundle(bundle, f"malformed content ({type(exc).__name__}: {exc})") from None
+
+
+def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], repo: Path, ephemeral_root: Path,
+            state_dir: Path | None, config_out: Path | None, out: TextIO) -> int:
     old = {k: Path(v) for k, v in manifest["roots"].items()}
     old_config = Path(manifest["config_file"])
-    repo, ephemeral_root = repo.expanduser().absolute(), ephemeral_root.expanduser().absolute()
+    repo = Path(os.path.normpath(repo.expanduser().absolute()))
+    ephemeral_root = Path(os.path.normpath(ephemeral_root.expanduser().absolute()))
     cfg_guess = config_out.expanduser().absolute() if config_out else _default_config_out(old_config, old["repo"], repo)
     if state_dir is not None:
-        new_state = state_dir.expanduser().absolute()
+        new_state = Path(os.path.normpath(state_dir.expanduser().absolute()))
     else:
         guess = [(str(old["repo"]), str(repo)), (str(old["ephemeral_root"]), str(ephemeral_root))]
         if cfg_guess is not None:
             guess.append((str(old["config_dir"]), str(cfg_guess.parent)))
-        mapped = Repointer(guess).path(old["state_dir"])
-        new_state = mapped if mapped != old["state_dir"] else _default_state_dir(manifest["campaign"])
+        mapped = Path(os.path.normpath(Repointer(guess).path(old["state_dir"])))
+        default = _default_state_dir(manifest["campaign"])
+        new_state = mapped if mapped != Path(os.path.normpath(old["state_dir"])) else default
+        homes = [repo, ephemeral_root, default] + ([cfg_guess.parent] if cfg_guess is not None else [])
+        if _Fence({str(i): h for i, h in enumerate(homes)}).refusal(new_state, directory=True) is not None:
+            raise LifecycleError(f"{new_state}: the state dir the bundle implies lies outside --repo {repo} and "
+                                 f"--ephemeral-root {ephemeral_root}; fix: pass --state-dir S")
+    fence = _Fence({"repo": repo, "ephemeral-root": ephemeral_root, "state-dir": new_state})
     cfg_out = cfg_guess or new_state / old_config.name
+    if config_out is None:
+        # The campaign file goes where it was relative to the repo (inside it or beside it), or into the
+        # state dir: a path the bundle chose, so it is fenced too (beside the repo counts for a NEW file).
+        why = _Fence({"repo's parent": repo.parent, "ephemeral-root": ephemeral_root,
+                      "state-dir": new_state}).refusal(cfg_out)
+        if why is not None:
+            raise LifecycleError(f"{cfg_out} (the campaign file, placed as in the bundle) {why}; "
+                                 "fix: pass --config-out NEW.toml")
     rp = Repointer([(str(old["repo"]), str(repo)), (str(old["ephemeral_root"]), str(ephemeral_root)),
                     (str(old["state_dir"]), str(new_state)), (str(old["config_dir"]), str(cfg_out.parent))])
     if "config/campaign.toml" not in files:
         raise LifecycleError(f"{bundle}: no config/campaign.toml in the bundle; fix: export again")
-    data = _rewrite_config(files["config/campaign.toml"].decode("utf-8"), old["config_dir"], rp, repo=repo,
-                           ephemeral=ephemeral_root, state_dir=new_state, user=manifest["user"])
+    try:
+        raw_cfg = files["config/campaign.toml"].decode("utf-8")
+        data = _rewrite_config(raw_cfg, old["config_dir"], rp, repo=repo, ephemeral=ephemeral_root,
+                               state_dir=new_state, user=manifest["user"])
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise _bad_bundle(bundle, f"config/campaign.toml is not valid UTF-8 TOML ({exc})") from None
     header = (f"Imported by `shoprld import-campaign` from {bundle.name} at "
               f"{datetime.now().astimezone().isoformat(timespec='seconds')}.\nOriginal: {manifest['config_file']} "
               f"on {manifest['host']}. Roots re-pointed; storage.user pinned to {manifest['user']!r}.")
@@ -1171,12 +1348,21 @@ def import_campaign(bundle: Path, repo: Path, ephemeral_root: Path, state_dir: P
         if (new_state / f).exists():
             raise LifecycleError(f"{new_state / f}: the state dir already holds a campaign; "
                                  "fix: pass an empty --state-dir, or remove that one")
-    if cfg_out.exists() and cfg_out.read_text(encoding="utf-8", errors="replace") != text:
-        raise LifecycleError(f"{cfg_out}: exists; fix: pass --config-out NEW.toml (or move it away)")
+    cfg_same = False
+    if os.path.lexists(cfg_out):
+        if not cfg_out.is_file() or cfg_out.read_text(encoding="utf-8", errors="replace") != text:
+            raise LifecycleError(f"{cfg_out}: exists; fix: pass --config-out NEW.toml (or move it away)")
+        cfg_same = True  # the same text: left as it is, never rewritten
     from .config import config_from_dict
 
     cfg = config_from_dict(tomllib.loads(text), cfg_out)
     layout = Layout.from_config(cfg)
+    # Where the campaign itself will write (now, and once it runs) must lie under the new roots too:
+    # an absolute storage.ledger or export.hf_dir in a bundle would otherwise aim at any file.
+    fence.check(layout.ledger, "storage.ledger")
+    fence.check(layout.exp_dir, "the experiment dir (storage.user, campaign.name, campaign.experiment)", directory=True)
+    fence.check(layout.hf_dir(cfg), "export.hf_dir", directory=True)
+    plan = _plan_restore(files, rp, layout, cfg, fence)
     ck = manifest.get("checkpoint")
     if ck:
         problem = _verify_checkpoint(layout.save_dir, ck)
@@ -1190,25 +1376,37 @@ def import_campaign(bundle: Path, repo: Path, ephemeral_root: Path, state_dir: P
             raise LifecycleError(f"{dst}: missing ({item['what']}); fix: copy {item['src']} there "
                                  "(MOVE_CHECKLIST.md section 2), then rerun import-campaign")
     # --- restore ----------------------------------------------------------------------------------
-    with _Locked(new_state, "import-campaign") as store:
-        cfg_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(cfg_out, text.encode())
-        counts = _restore(files, rp, layout, cfg, manifest)
-        store.append({"event": "campaign.imported", "bundle": str(bundle), "from_host": manifest["host"],
-                      "roots": {k: [str(v), str(rp.path(v))] for k, v in old.items()},
-                      "config": str(cfg_out), "checkpoint": ck and ck["iteration"]})
+    try:
+        with _Locked(new_state, "import-campaign") as store:
+            if not cfg_same:
+                cfg_out.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(cfg_out, text.encode())
+            counts = _restore(files, rp, layout, plan)
+            # The explicit adoption (issue 15): the restored state now belongs to the re-pointed campaign.
+            from .identity import expected, write as write_identity
+
+            write_identity(layout.state_dir, expected(cfg.campaign.name, cfg.campaign.experiment, layout.repo,
+                                                      layout.ephemeral_root), imported_from=str(bundle))
+            store.append({"event": "campaign.imported", "bundle": str(bundle), "from_host": manifest["host"],
+                          "roots": {k: [str(v), str(rp.path(v))] for k, v in old.items()},
+                          "config": str(cfg_out), "checkpoint": ck and ck["iteration"]})
+    except OSError as exc:
+        raise LifecycleError(f"{exc.filename or new_state}: import-campaign cannot write ({exc.strerror or exc}); "
+                             "fix: make the new roots writable, then rerun with an empty --state-dir") from None
     missing = [i for i in manifest["copy"] if i["required"] and not os.path.lexists(_dest(i, old, rp))]
     st = manifest["state"]
     out.write(f"imported {manifest['campaign']} / {manifest['experiment']} from {bundle} "
-              f"(exported on {manifest['host']} at {st['state']}, round-{int(st['round'] or 0):03d})\n")
+              f"(exported on {manifest['host']} at {st.get('state')}, round-{int(st.get('round') or 0):03d})\n")
     for k, v in old.items():
         if k in ("repo", "ephemeral_root", "state_dir", "config_dir"):
             out.write(f"  {k:<15} {v} -> {rp.path(v)}\n")
     if ck:
         out.write(f"  checkpoint      iter_{int(ck['iteration']):07d} complete in {layout.save_dir} "
-                  f"({human_bytes(int(ck['bytes']))})\n")
+                  f"({human_bytes(int(ck.get('bytes') or 0))})\n")
     out.write(f"  restored        {sum(counts.values())} files ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
               f"{rp.count} paths re-pointed\n")
+    for note in plan.skipped:
+        out.write(f"  not restored    {note}\n")
     for i in missing:
         out.write(f"  still missing   {i['what']}: copy {i['src']} to {_dest(i, old, rp)}\n")
     out.write(f"  config          {cfg_out}\n")
@@ -1231,19 +1429,45 @@ def _default_state_dir(campaign: str) -> Path:
 _TEXT_SUFFIXES = (*SMALL_SUFFIXES, ".toml")
 
 
-def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg: Config,
-             manifest: Mapping[str, Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
+def _plan_restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg: Config, fence: _Fence) -> _Plan:
+    """Map each bundle member to its destination and check it (see :class:`_Fence`); writes nothing."""
+    plan = _Plan()
 
     def text(data: bytes) -> bytes:
         return rp.text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 
-    def write(dst: Path, data: bytes, kind: str, *, overwrite: bool = True) -> None:
-        if dst.exists() and not overwrite:
-            return
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data)
-        counts[kind] = counts.get(kind, 0) + 1
+    def add(dst: Path, data: bytes, kind: str, what: str) -> None:
+        fence.check(dst, what)
+        plan.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, kind))
+
+    if "ledger/overflow.tsv" in files:
+        add(layout.campaign_root / "ledger" / f"{layout.ledger.stem}.tsv", files["ledger/overflow.tsv"], "ledger",
+            "the full ledger")
+    if "ledger/repo.tsv" in files:
+        plan.ledger = text(files["ledger/repo.tsv"])
+    for name, data in files.items():
+        if name.startswith("exp/artifacts/"):
+            add(layout.artifacts / name[len("exp/artifacts/"):], data, "artifacts", f"member {name}")
+        elif name.startswith("exp/runs/"):
+            add(layout.runs / name[len("exp/runs/"):], data, "runs", f"member {name}")
+        elif name.startswith("inputs/"):
+            key = name.split("/")[1]
+            if key not in INPUT_KEYS:
+                raise LifecycleError(f"member {BUNDLE_TOP}/{name}: inputs/{key}/ is not one of the inputs a bundle "
+                                     f"carries ({', '.join(INPUT_KEYS)}); fix: pass the tar export-campaign wrote")
+            dst = getattr(cfg.inject, key)
+            if not isinstance(dst, Path) or os.path.lexists(dst):
+                continue  # the user's own copy (in git, say) wins: an input is never overwritten
+            why = fence.refusal(dst)
+            if why is not None:
+                plan.skipped.append(f"inject.{key} ({dst} {why}): take it from the bundle's {name} yourself")
+                continue
+            plan.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, "inputs"))
+    return plan
+
+
+def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _Plan) -> dict[str, int]:
+    counts: dict[str, int] = {}
 
     # The state dir: state.json and status.json forget the old machine's processes.
     state_dir = layout.state_dir
@@ -1273,21 +1497,15 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg: Con
         atomic_write(state_dir / JOURNAL_FILE, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
     # The ledger: merged with whatever the new checkout already has (by round index).
-    if "ledger/overflow.tsv" in files:
-        write(layout.campaign_root / "ledger" / f"{layout.ledger.stem}.tsv", files["ledger/overflow.tsv"], "ledger")
-    if "ledger/repo.tsv" in files:
-        _merge_ledger(layout.ledger, text(files["ledger/repo.tsv"]))
+    for dst, data, kind in plan.writes:
+        if kind == "inputs" and os.path.lexists(dst):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(dst, data)
+        counts[kind] = counts.get(kind, 0) + 1
+    if plan.ledger is not None:
+        _merge_ledger(layout.ledger, plan.ledger)
         counts["ledger"] = counts.get("ledger", 0) + 1
-    for name, data in files.items():
-        if name.startswith("exp/artifacts/"):
-            write(layout.artifacts / name[len("exp/artifacts/"):], data, "artifacts")
-        elif name.startswith("exp/runs/"):
-            write(layout.runs / name[len("exp/runs/"):], data, "runs")
-        elif name.startswith("inputs/"):
-            key = name.split("/")[1]
-            dst = getattr(cfg.inject, key, None)
-            if isinstance(dst, Path):
-                write(dst, data, "inputs", overwrite=False)
     return counts
 
 

@@ -73,8 +73,13 @@ def _json_formatter() -> logging.Formatter:
 
 
 def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, level: str = "INFO",
-              stream: TextIO | None = None) -> None:
-    """Configure structlog and the stdlib root logger. Idempotent."""
+              stream: TextIO | None = None, compact: Any = None) -> None:
+    """Configure structlog and the stdlib root logger. Idempotent.
+
+    ``compact``: a :class:`~.console.Campaign`; the console then gets the person's compact
+    view (daemon/console.py) instead of every event. Only pass it for a terminal (see
+    :func:`~.console.terminal_mode`).
+    """
     stream = stream or sys.stdout
     if json_stdout is None:
         json_stdout = not stream.isatty()
@@ -95,8 +100,17 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
         if getattr(h, "_shoprld", False):
             root.removeHandler(h)
             h.close()
-    out = logging.StreamHandler(_RedactingStream(stream))  # type: ignore[arg-type]
-    out.setFormatter(json_fmt if json_stdout else console_fmt)
+    out: logging.Handler
+    if compact is not None:
+        from .console import CompactHandler, CompactRenderer
+
+        out = CompactHandler(_RedactingStream(stream))
+        out.setFormatter(structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared(),
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, CompactRenderer(compact)]))
+    else:
+        out = logging.StreamHandler(_RedactingStream(stream))  # type: ignore[arg-type]
+        out.setFormatter(json_fmt if json_stdout else console_fmt)
     out._shoprld = True  # type: ignore[attr-defined]
     root.addHandler(out)
     if log_file is not None:

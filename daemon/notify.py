@@ -112,7 +112,7 @@ def _int(v: Any, default: int = 0) -> int:
 
 
 def status_line(snap: Mapping[str, Any]) -> str:
-    """A one-line STATUS= for ``systemctl status``: ``round 3/5 TRAIN step 12/20 ckpt 59``.
+    """A one-line STATUS= for ``systemctl status``: ``round-002 (3 of 5) TRAIN step 12/20 ckpt 59``.
 
     Parked and final states say why instead (``PAUSED_DISK: free 1.2 GiB < soft 4.0 GiB``),
     and the newest warning (a stall, say) is appended. Never raises on a malformed snapshot.
@@ -120,7 +120,9 @@ def status_line(snap: Mapping[str, Any]) -> str:
     state = snap.get("state") or "?"
     rounds = _int(snap.get("rounds"))
     rnd = _int(snap.get("round"))
-    shown = min(rnd, rounds - 1) + 1 if rounds > 0 else rnd + 1  # 1-based for people
+    from .status import round_label  # stdlib only: the one naming of rounds
+
+    shown = round_label(min(rnd, rounds - 1) if rounds > 0 else rnd, rounds)
     ck = snap.get("last_checkpoint")
     ckpt = f" ckpt {ck.get('iteration')}" if isinstance(ck, dict) and ck.get("iteration") is not None else ""
     raw_disk = snap.get("disk")
@@ -138,11 +140,11 @@ def status_line(snap: Mapping[str, Any]) -> str:
         done = snap.get("rounds_done")
         line = f"DONE: {len(done) if isinstance(done, list) else '?'}/{rounds} rounds{ckpt}"
     elif state == "STOPPED":
-        line = f"STOPPED ({snap.get('stop_reason') or 'requested'}) in round {shown}/{rounds}{ckpt}"
+        line = f"STOPPED ({snap.get('stop_reason') or 'requested'}) in {shown}{ckpt}"
     elif state == "FAILED":
-        line = f"FAILED in round {shown}/{rounds}: {err or 'see the log'}"
+        line = f"FAILED in {shown}: {err or 'see the log'}"
     else:
-        line = f"round {shown}/{rounds} {state}"
+        line = f"{shown} {state}"
         if state == "TRAIN":
             line += f" step {snap.get('step', 0)}/{snap.get('steps_per_round', 0)}"
         line += ckpt

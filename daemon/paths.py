@@ -28,12 +28,31 @@ def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) ->
     return Path(xdg) / "shoprld" / campaign
 
 
+def special_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a dir (a FIFO, a device,
+    a socket), else None. Such a campaign file is refused before it is opened: opening a FIFO
+    blocks until a writer comes, and a device can be read forever (issue 15)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the open that follows reports it, with its own message
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
 class QuickConfigError(Exception):
     """The campaign file cannot even be read for its name (one line)."""
 
 
 def quick_read(config: Path) -> dict[str, Any]:
     """Parse the TOML without validating it (the daemon validated it when it started)."""
+    kind = special_file(config)
+    if kind is not None:
+        raise QuickConfigError(f"{config}: is {kind}, not a campaign file; fix: pass -c FILE.toml")
     try:
         return tomllib.loads(config.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -55,3 +74,21 @@ def state_dir_from_toml(config: Path, environ: Mapping[str, str] = os.environ) -
         p = Path(os.path.expandvars(raw)).expanduser()
         return p if p.is_absolute() else config.resolve().parent / p
     return default_state_dir(campaign, environ)
+
+
+def identity_fields(config: Path, data: Mapping[str, Any]) -> tuple[str, str, Path, Path]:
+    """(name, experiment, repo, ephemeral_root) as config.py resolves them: relative paths
+    against the campaign file's dir, ``$VARS`` and ``~`` expanded (for ``status``'s identity
+    check, without pydantic)."""
+    camp_raw, storage_raw = data.get("campaign"), data.get("storage")
+    camp: Mapping[str, Any] = camp_raw if isinstance(camp_raw, dict) else {}
+    storage: Mapping[str, Any] = storage_raw if isinstance(storage_raw, dict) else {}
+    base = config.resolve().parent
+
+    def path(key: str, default: str) -> Path:
+        raw = storage.get(key)
+        p = Path(os.path.expandvars(raw)).expanduser() if isinstance(raw, str) and raw else Path(default)
+        return p if p.is_absolute() else base / p
+
+    return (str(camp.get("name", "")), str(camp.get("experiment", "main")), path("repo", "."),
+            path("ephemeral_root", "/ephemeral"))

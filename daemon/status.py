@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .paths import QuickConfigError, quick_read, state_dir_from_toml
+from .identity import StateMismatch, expected, status_problem
+from .paths import QuickConfigError, identity_fields, quick_read, state_dir_from_toml
 
 # The names of store.py's files, copied: importing store.py pulls in dataclasses and
 # inspect (~15 ms on the target box, 15 % of the --json budget). test_status checks that
@@ -62,6 +63,14 @@ STOP_REASONS = {
     "failed": "a stage failed after its retries",
     "done": "all rounds done",
 }
+
+def round_label(index: int, rounds: int) -> str:
+    """The one way rounds are named to people, everywhere: ``round-002 (3 of 5)``.
+
+    ``round-002`` is the 0-based id the files and the ledger use; ``3 of 5`` counts from one.
+    """
+    return f"round-{max(index, 0):03d} ({index + 1} of {rounds})" if rounds > 0 else f"round-{max(index, 0):03d}"
+
 
 Part = tuple[str, str]  # (text, rich style); the plain renderer ignores the style
 # A view item: ("kv", label, parts) or ("table", label, headers, rows of cells of parts).
@@ -203,6 +212,12 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
     except QuickConfigError as exc:
         raise ConfigError(str(exc)) from None
     snap, problem = read_snapshot(state_dir)
+    # Never show another campaign's results as this one's (issue 15): a state dir shared by two
+    # campaigns of the same name is refused here as `shoprld run` refuses it.
+    name, experiment, repo, ephemeral_root = identity_fields(config_path, toml)
+    mismatch = status_problem(state_dir, expected(name, experiment, repo, ephemeral_root), snap)
+    if mismatch:
+        raise StateMismatch(mismatch)
     out = skeleton(toml)
     if snap is not None:
         out["state"] = None  # a snapshot without a state is not "never started"
@@ -348,7 +363,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     if state == NOT_STARTED:
         round_text = f"  {rounds} rounds planned"
     else:
-        round_text = f"  round {shown + 1}/{rounds} (round-{max(shown, 0):03d})"
+        round_text = f"  {round_label(shown, rounds)}"
     stale = "  (as last seen; the daemon is not running)" if not alive and state in ACTIVE_STATES else ""
     kv("state", (state or "unknown", _style_for_state(state)), (round_text, ""), (stale, "yellow"))
 
@@ -399,6 +414,13 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     healthy = shop.get("healthy")
     health: Part = (("healthy", "green") if healthy is True else ("UNHEALTHY", "bold red") if healthy is False
                     else ("not checked yet", "dim"))
+    # The last check is history once the campaign ended or its daemon is gone: the daemon
+    # stopped ShopSim with it (or no longer watches it), so "healthy" would be a lie.
+    over = state in FINAL_STATES or state in PARKED_STATES
+    if over or (not alive and state in ACTIVE_STATES):
+        health = (f"not running (stopped with the campaign, {state})" if over
+                  else "unknown (the daemon is not running)", "dim")
+        shop = {**shop, "free_slots": None, "checked_at": None}
     # The service's own slot count (environment_slots) when it reported one, else the config's.
     served = shop.get("environment_slots") if shop.get("environment_slots") is not None else shop.get("slots")
     slots = f", {shop.get('free_slots')}/{served} slots free" if shop.get("free_slots") is not None else ""
@@ -430,11 +452,14 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
         for r in done:
             val = _num(r.get("val"))
             gate = _str(r.get("gate"))
+            analysis = _str(r.get("analysis"))
+            if gate and analysis in ("failed", "silent_empty"):  # the analysis gave the gate nothing
+                gate = f"{gate} (analysis {analysis.replace('_', ' ')})"
             idx = r.get("round")
             dur = _num(r.get("duration_seconds"))
             rows.append([(f"round-{idx:03d}" if isinstance(idx, int) else str(idx), ""),
                          (f"{val:.4g}" if val is not None else "-", "bold"), (str(r.get("metric_name") or ""), "dim"),
-                         (gate or "-", {"complete": "green", "incomplete": "bold yellow"}.get(gate or "", "dim")),
+                         (gate or "-", {"complete": "green", "incomplete": "bold yellow"}.get(gate or "", "bold yellow" if gate else "dim")),
                          (str(r.get("branch") or "-"), ""), (fmt_duration(dur) if dur is not None else "-", "")])
         items.append(("table", "rounds", ["round", "val", "metric", "gate", "branch", "duration"], rows))
     else:
@@ -460,8 +485,34 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
             left = f"deadline passed {fmt_duration(now - deadline)} ago"
         kv("stop", (f"stop condition not yet met: {n_done}/{n_all} rounds, {left}", ""))
 
+    plan = _dict(st.get("plan"))
+    if plan and state in ACTIVE_STATES:
+        med = _num(plan.get("median_round_seconds"))
+        eta = _num(plan.get("campaign_eta_seconds"))
+        parts: list[Part] = [(f"campaign ETA {fmt_duration(eta)}" if eta is not None else
+                              "campaign ETA unknown until a round finishes", "bold" if eta is not None else "dim")]
+        if med is not None:
+            parts.append((f"  (~{fmt_duration(med)} a round)", "dim"))
+        nxt = plan.get("next_round")
+        if isinstance(nxt, int):
+            def yes_no(v: Any) -> Part:
+                return ("yes", "green") if v is True else ("NO", "bold red") if v is False else ("?", "dim")
+
+            has_deadline = _num(_dict(st.get("stop_conditions")).get("deadline")) or _num(st.get("deadline"))
+            parts += [(f"  next {round_label(nxt, rounds)} fits: deadline ", ""),
+                      yes_no(plan.get("fits_deadline")) if has_deadline else ("none set", "dim"),
+                      (", disk ", ""), yes_no(plan.get("fits_disk"))]
+        kv("plan", *parts)
+
     err = st.get("last_error")
     kv("last error", (str(err), "red") if err else ("none", "dim"))
+    lf = _dict(st.get("last_failure"))
+    if lf:  # issue 18: the last failed attempt, its cause and its crash bundle
+        kv("failure", (f"{lf.get('round_id', '?')} {lf.get('state', '?')} attempt {lf.get('attempt', '?')}: "
+                       f"{lf.get('cause', 'unknown')}" + (f" ({lf['detail']})" if lf.get("detail") else ""), "red"))
+        if lf.get("advice"):
+            kv("", (f"fix: {lf['advice']}", ""))
+        kv("", (f"bundle: {lf.get('bundle', '?')}", "dim"))
     warnings = st.get("warnings")
     for i, w in enumerate(warnings if isinstance(warnings, list) else []):
         kv("warnings" if i == 0 else "", (f"! {w}", "yellow"))

@@ -51,6 +51,28 @@ def _no_looser(fd: int, mode: int) -> None:
     have = os.fstat(fd).st_mode & 0o777
     if have & ~mode:
         os.fchmod(fd, have & mode)
+DAEMON_RECORD = "daemon.json"
+
+
+def proc_identity(pid: int) -> tuple[int | None, list[str] | None]:
+    """(start time in clock ticks since boot, argv) of a live pid, from /proc; Nones when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None, None
+    rest = stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+    try:
+        ticks = int(rest[19]) if rest and rest[0] != "Z" else None
+    except (IndexError, ValueError):
+        ticks = None
+    return ticks, [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]]
+
+
+def daemon_record(pid: int) -> dict[str, Any]:
+    """What ``daemon.json`` holds: enough to tell this daemon from a process that reuses its pid."""
+    ticks, argv = proc_identity(pid)
+    return {"pid": pid, "start_ticks": ticks, "cmdline": argv, "role": "daemon"}
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
@@ -133,11 +155,15 @@ class Store:
             pass  # another user's dir, or a read-only one: preflight says so, not this
 
     # -- lock ------------------------------------------------------------------
-    def acquire_lock(self) -> None:
+    def acquire_lock(self, *, role: str = "daemon") -> None:
         """One daemon per campaign: an exclusive flock on ``<state_dir>/lock``.
 
         The pid of the holder is written into the lock file, so a second daemon can say
         who holds it. The kernel drops the lock when the holder dies (even SIGKILL).
+        ``role="daemon"`` also writes ``daemon.pid`` and ``daemon.json`` (pid, start time,
+        cmdline): what ``shoprld stop`` checks before it signals anything. One-shot commands
+        (``clean``, ``export-campaign``, ``import-campaign``) pass ``role="oneshot"`` and
+        write neither, so stop can never take them, or a pid they left, for the daemon.
         """
         self.dir.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
         fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, STATE_FILE_MODE)
@@ -166,11 +192,16 @@ class Store:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
         self.tighten()
-        atomic_write(self.dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=STATE_FILE_MODE)
+        self._role = role
+        if role == "daemon":
+            atomic_write(self.dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=STATE_FILE_MODE)
+            atomic_write_json(self.dir / DAEMON_RECORD, daemon_record(os.getpid()), mode=STATE_FILE_MODE)
 
     def release_lock(self) -> None:
         if self._lock_fd is not None:
-            (self.dir / PID_FILE).unlink(missing_ok=True)
+            if getattr(self, "_role", "daemon") == "daemon":
+                (self.dir / PID_FILE).unlink(missing_ok=True)
+                (self.dir / DAEMON_RECORD).unlink(missing_ok=True)
             os.close(self._lock_fd)
             self._lock_fd = None
         if self._journal_fd is not None:
@@ -183,9 +214,14 @@ class Store:
         synced append (one fsync covers every line before it): for a line that another
         follows at once, or one that only informs (a daemon crash loses neither; the write
         is in the page cache)."""
-        if self._journal_fd is None:
-            self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         line = json.dumps({"t": time.time(), **self.redactor.obj(record)}, sort_keys=True) + "\n"
+        if self._journal_fd is None:
+            self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND, STATE_FILE_MODE)
+            # A crash mid-append leaves a torn last line; the next record must not be fused onto it
+            # (it would be lost with the torn bytes). One writer (the lock holder): check once.
+            size = os.fstat(self._journal_fd).st_size
+            if size and os.pread(self._journal_fd, 1, size - 1) != b"\n":
+                line = "\n" + line
         os.write(self._journal_fd, line.encode())
         if sync:
             os.fsync(self._journal_fd)
@@ -200,7 +236,7 @@ class Store:
             for line in fh:
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # torn, fused or hostile
                     continue
                 if isinstance(rec, dict):
                     yield rec
@@ -216,23 +252,30 @@ class Store:
         replace_json(self.dir / STATUS_FILE, self.redactor.obj(doc))
 
     def load(self) -> Loaded | None:
-        """state.json, else the journal's last snapshot, else None (the disk decides)."""
+        """state.json, else the journal's last valid snapshot, else None (the disk decides).
+
+        Never raises for what is in the files: garbage bytes, a torn file, or valid JSON with the
+        wrong types (checked by :mod:`statedoc`) all mean "rebuild", with ``warning`` saying why.
+        """
+        from .statedoc import validate  # pydantic: not for `shoprld stop`, which imports this module
+
         problem: str | None = None
         try:
             raw = (self.dir / STATE_FILE).read_text(encoding="utf-8")
-            state = json.loads(raw)
-            if not isinstance(state, dict):
-                problem = "state.json is not a JSON object"
-            elif state.get("schema") != SCHEMA_VERSION:
-                problem = f"state.json has schema {state.get('schema')!r}, expected {SCHEMA_VERSION}"
+            doc = json.loads(raw)
+            state: dict[str, Any] | None = None
+            if isinstance(doc, dict) and doc.get("schema") != SCHEMA_VERSION:
+                problem = f"state.json has schema {doc.get('schema')!r}, expected {SCHEMA_VERSION}"
             else:
+                state, problem = validate(doc, STATE_FILE)
+            if state is not None:
                 newer = self._last_snapshot()
                 if newer and newer.get("seq", 0) > state.get("seq", 0):
                     return Loaded(newer, "journal", "journal is ahead of state.json (crash between writes)")
                 return Loaded(state, STATE_FILE)
         except FileNotFoundError:
             problem = None if not (self.dir / JOURNAL_FILE).exists() else "state.json is missing"
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # JSONDecodeError is a ValueError
             problem = "state.json is corrupt or truncated"
         except OSError as exc:
             problem = f"state.json cannot be read ({exc.strerror})"
@@ -240,30 +283,45 @@ class Store:
         if snap is not None:
             return Loaded(snap, "journal", f"{problem}; rebuilt from the journal and the disk" if problem else None)
         if problem:
-            return Loaded({}, "none", f"{problem}, and the journal has no snapshot; rebuilt from the disk")
+            return Loaded({}, "none", f"{problem}, and the journal has no valid snapshot; rebuilt from the disk")
         return None
 
     def _last_snapshot(self) -> dict[str, Any] | None:
-        """The newest snapshot, read from the journal's tail (a restart must not pay for the
-        whole history); the full scan is the fallback when the tail holds none."""
+        """The newest valid snapshot, read from the journal's tail (a restart must not pay for
+        the whole history); the full scan is the fallback when the tail holds none."""
         path = self.dir / JOURNAL_FILE
         try:
             size = path.stat().st_size
             with open(path, "rb") as fh:
                 fh.seek(max(0, size - 4 * 1024 * 1024))
                 tail = fh.read().decode("utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError:
             return None
         for line in reversed(tail[1:] if size > 4 * 1024 * 1024 else tail):
-            try:
-                snap = json.loads(line).get("snapshot")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(snap, dict):
+            snap = _snapshot_of(line)
+            if snap is not None:
                 return snap
+        if size <= 4 * 1024 * 1024:
+            return None
         last = None
         for rec in self.journal():
-            snap = rec.get("snapshot")
-            if isinstance(snap, dict):
+            snap = _snapshot_of(rec)
+            if snap is not None:
                 last = snap
         return last
+
+
+def _snapshot_of(line_or_rec: str | dict[str, Any]) -> dict[str, Any] | None:
+    """The validated snapshot a journal line carries, or None."""
+    from .statedoc import validate
+
+    try:
+        rec = json.loads(line_or_rec) if isinstance(line_or_rec, str) else line_or_rec
+    except (ValueError, RecursionError):
+        return None
+    snap = rec.get("snapshot") if isinstance(rec, dict) else None
+    if not isinstance(snap, dict):
+        return None
+    return validate(snap, "journal snapshot")[0]

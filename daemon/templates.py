@@ -92,7 +92,43 @@ group = ""
 
 
 def write_template(path: Path, *, force: bool = False) -> None:
-    if path.exists() and not force:
-        raise ConfigError(f"{path}: already exists; fix: choose another path or pass --force")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(TEMPLATE)
+    """Write :data:`TEMPLATE` to ``path`` (a new file, or with ``force`` a regular file replaced).
+
+    Written to a private temp file beside it, then renamed: a full disk or a read-only dir
+    never leaves half a template, and every failure is one line (exit 3).
+    """
+    import os
+    import stat
+    import tempfile
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot inspect ({exc.strerror}); fix: choose another path") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: is a directory; fix: name a file, e.g. {path / 'campaign.toml'}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: exists and is not a regular file; fix: choose a path for a new file")
+        if not force:
+            raise ConfigError(f"{path}: already exists; fix: choose another path or pass --force")
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(TEMPLATE)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600: a template holds no secret, and is meant to be shared
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the template ({exc.strerror}); "
+                          "fix: choose a writable path") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon.config import Config, ProcessSpec, expand
+from shoprld.daemon.config import Config, ProcessSpec, expand, expand_vars
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child, Launcher
@@ -223,7 +223,7 @@ class RoundContext:
             **self.inputs(),
         }
         v["next_skillbank"] = self._next_skillbank(v["skillbank"])
-        v.update({k: val.format_map(v) for k, val in cfg.vars.items()})
+        expand_vars(cfg.vars, v)  # in order: a var may use the vars above it
         return v
 
     def _next_skillbank(self, current: str) -> str:

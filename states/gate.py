@@ -1,10 +1,14 @@
 """GATE: the compiled candidate pool plus the random-masked gate give a decision on disk.
 
 Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the compile is
-overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts; a
-``failed`` status means a fallback pool of the current skills. ``online-gate`` runs on
-the same frozen val server and writes ``online_gate_manifest.json`` (``complete`` or
-``incomplete``). A gate that a crashed daemon left running is waited for; a gate dir it
+overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts, read by
+the real tool's rules (``daemon/toolfiles.py``): no ``status`` on success; ``failed`` means a
+fallback pool of the current skills and no proposal ledger (the round keeps the previous
+history ledger, and says so); a success-shaped summary with 0 candidates and only analyst
+errors is a "silent empty" analysis (journaled, recorded, ``gate.empty_analysis`` decides).
+``online-gate`` runs on the same frozen val server and writes ``online_gate_manifest.json``:
+``complete`` even with dropped pairs (recorded), ``incomplete`` when its regression fails; an
+error before any rollout exits 1 with no manifest, which counts as incomplete. A gate that a crashed daemon left running is waited for; a gate dir it
 finished (manifest ``complete``, written last, for this round's weights) is reused, and any
 other leftover is archived and the gate reruns on a healthy stack. The configured policy
 says what an incomplete gate means: ``continue`` without new skills (the seed's), ``retry``
@@ -21,8 +25,10 @@ from pathlib import Path
 
 from shoprld.daemon.machine import State
 from shoprld.daemon.store import atomic_write_json
+from shoprld.daemon.toolfiles import Analysis, GateResult, read_analysis, read_gate
+from shoprld.daemon.toolout import ToolOutputError
 
-from .base import Outcome, RoundContext, read_json
+from .base import Outcome, RoundContext
 
 STATE = State.GATE
 ADOPTS: tuple[str, ...] = ("analyze", "gate", "val_server")
@@ -46,13 +52,38 @@ async def run(ctx: RoundContext) -> Outcome:
                 return Outcome.retry(problem)
             await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
                                secrets=cfg.analyze_secrets or cfg.secrets)
-    analysis = read_json(analysis_dir / "analysis_summary.json") if cfg.analyze_command else {"status": "skipped"}
-    if analysis is None:
-        return Outcome.retry(f"{analysis_dir / 'analysis_summary.json'}: not written by analyze")
-    if analysis.get("status") == "failed":
-        ctx.emit("analysis.failed", detail=analysis.get("error") or analysis.get("reason"),
-                 note="fallback pool: current skills only")
+    analysis: Analysis | None = Analysis("ok", 0) if not cfg.analyze_command else None
+    if cfg.analyze_command:
+        try:
+            analysis = read_analysis(analysis_dir)
+        except ToolOutputError as exc:
+            ctx.archive(analysis_dir / "analysis_summary.json", "unreadable")
+            return Outcome.retry(f"{exc}; rerunning the analysis")
+        if analysis is None:
+            return Outcome.retry(f"{analysis_dir / 'analysis_summary.json'}: not written by gate.analyze_command")
+    assert analysis is not None
+    if analysis.kind == "failed":
+        ctx.emit("analysis.failed", detail=analysis.error, note="fallback pool: current skills only")
+        # The fallback writes no proposal_ledger.jsonl: one left there is an earlier compile's,
+        # and the real gate would carry its rows into this round's ledger.
+        stale = analysis_dir / "proposal_ledger.jsonl"
+        if stale.exists():
+            ctx.archive(stale, "stale: the analysis fell back and wrote no ledger")
+        ctx.emit("analysis.history_lost", note="the fallback wrote no proposal ledger; the round keeps the "
+                 "previous history ledger", kept=ctx.inputs().get("history_ledger") or None)
+    elif analysis.kind == "silent_empty":
+        ctx.emit("analysis.silent_empty", analyzed_cards=analysis.analyzed_cards,
+                 analyst_errors=analysis.analyst_errors, policy=cfg.empty_analysis,
+                 fix="check the analyst's key (BAILIAN_API_KEY in .env) and the ShopSim URL in "
+                     "configs/trace2skill_cold_start.yaml")
+        if cfg.empty_analysis == "retry" and ctx.attempt <= cfg.retries:
+            ctx.archive(analysis_dir / "analysis_summary.json", "silently empty analysis; policy retry")
+            return Outcome.retry(f"{analysis.note()}; gate.empty_analysis = retry")
+        if cfg.empty_analysis == "stop":
+            return Outcome("gate_stop", f"{analysis.note()} for {ctx.round_id}; gate.empty_analysis = stop "
+                           "(fix the analyst's key or ShopSim URL, then run again)")
     await ctx.await_child("gate", cfg.timeout)  # a crashed daemon's gate, still running
+    gate_rc: int | None = 0
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
     else:
@@ -66,28 +97,50 @@ async def run(ctx: RoundContext) -> Outcome:
         if problem:
             return Outcome.retry(problem)
         server, restarts = ctx.val_server.child, ctx.shopsim.restarts
-        await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
+        gate_rc = await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
         if ctx.val_server.child is not server or server is None or not server.alive() \
                 or ctx.shopsim.restarts != restarts:
             # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun
             # it on a healthy stack (the served weights are unchanged, so the result is the same).
             ctx.archive(gate_dir, "the val server or ShopSim died during the gate")
             return Outcome.retry("the val server or ShopSim died during the gate; rerunning it")
-    manifest = read_json(gate_dir / "online_gate_manifest.json")
-    if manifest is None or manifest.get("status") not in ("complete", "incomplete"):
-        return Outcome.retry(f"{gate_dir / 'online_gate_manifest.json'}: missing or without a status")
-    decision = str(manifest["status"])
+    try:
+        result = read_gate(gate_dir)
+    except ToolOutputError as exc:
+        ctx.archive(gate_dir, "unreadable manifest")
+        return Outcome.retry(f"{exc}; rerunning the gate")
+    error = None
+    if result is None:
+        if gate_rc != 1:
+            return Outcome.retry(f"{gate_dir / 'online_gate_manifest.json'}: not written (gate exited {gate_rc}); "
+                                 "rerunning the gate")
+        # The real gate exits 1 with no manifest on an error before any rollout (a bad pool, a
+        # rank-deficient design, a bare run it refuses): the seed's loop keeps the current
+        # SkillBank, as for an incomplete gate; gate.policy says the same here.
+        error = _last_line(ctx.log_path(STATE))
+        ctx.emit("gate.error", detail=error, note="exit 1 before any rollout; no manifest")
+        result = GateResult("incomplete")
+    decision = result.status
     selected = gate_dir / "selected_skillbank.json"
     if decision == "complete" and not selected.is_file():
         return Outcome.retry(f"gate complete but {selected} is missing")
+    if result.dropped:
+        ctx.emit("gate.dropped_pairs", dropped=result.dropped, observations=result.observations,
+                 requested=result.requested, note="complete: the gate drops unpaired episodes")
     if decision == "incomplete" and cfg.policy == "retry" and ctx.attempt <= cfg.retries:
         ctx.archive(gate_dir, "gate incomplete; policy retry")
         return Outcome.retry("gate incomplete; policy retry")
+    history_lost = analysis.kind == "failed"
     rec = {
         "round": ctx.round, "round_id": ctx.round_id, "decision": decision, "policy": cfg.policy,
         "selected_skillbank": str(selected) if decision == "complete" else None,
-        "analysis_status": analysis.get("status"),
-        "proposal_ledger": _first_existing(gate_dir / "proposal_ledger.jsonl", analysis_dir / "proposal_ledger.jsonl"),
+        "analysis_status": analysis.kind, "analysis_note": analysis.note(), "candidates": analysis.candidates,
+        "gate_error": error, "dropped_pairs": result.dropped,
+        # After a fallback the gate's ledger is empty (its analysis wrote none): keep the chain
+        # on the previous history ledger instead of losing it, and say so.
+        "proposal_ledger": (ctx.inputs().get("history_ledger") or None) if history_lost else
+        _first_existing(gate_dir / "proposal_ledger.jsonl", analysis_dir / "proposal_ledger.jsonl"),
+        "history_lost": history_lost,
     }
     ctx.record_path("gate").parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(ctx.record_path("gate"), rec)
@@ -103,17 +156,30 @@ def _finished(ctx: RoundContext, gate_dir: Path) -> bool:
     """A gate dir that an earlier attempt finished for this round's weights: the manifest
     (written last) says ``complete`` and the SkillBank is there. Only ``complete`` is reused:
     an ``incomplete`` one may be the work of a val server that died with the old daemon."""
-    manifest = read_json(gate_dir / "online_gate_manifest.json")
-    if manifest is None or manifest.get("status") != "complete" \
-            or not (gate_dir / "selected_skillbank.json").is_file():
+    try:
+        result = read_gate(gate_dir)
+    except ToolOutputError:
         return False
-    served = (manifest.get("input") or {}).get("weight_version")
-    if served is not None:
-        return bool(served == ctx.weight_version)
-    try:  # a manifest without the served weights must be newer than this round's export
+    if result is None or result.status != "complete" or not (gate_dir / "selected_skillbank.json").is_file():
+        return False
+    if result.weight_version is not None:  # only the old stand-in recorded the served weights
+        return bool(result.weight_version == ctx.weight_version)
+    try:  # the real manifest has no served weights: it must be newer than this round's export
         return (gate_dir / "online_gate_manifest.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
     except FileNotFoundError:
         return False
+
+
+def _last_line(log: Path) -> str:
+    """The last non-blank line of the stage log (the gate's exception line)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 4096))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return "no log"
+    return lines[-1][:300] if lines else "no output"
 
 
 def _first_existing(*paths: os.PathLike[str]) -> str | None:

@@ -2,15 +2,16 @@
 
 The ledger row (one per round, never duplicated across crashes) is the durable "this
 round is done" mark: on start, the current round is the first without one. Retention
-keeps the newest complete checkpoint of this round (its final one, which the next
-round's ``--load`` resumes from) and the final checkpoint of the previous round; older
-complete ones in this campaign's save dir are deleted, each logged with its size.
+keeps the final checkpoints of the last ``disk.keep_finals`` rounds (default 1, as upstream:
+this round's final, which the next round's ``--load`` resumes from); older complete ones in
+this campaign's save dir are deleted, each logged with its size.
 """
 
 from __future__ import annotations
 
 
 from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon.bundles import causes_of_round
 from shoprld.daemon.ledger import Ledger, git_info, make_row
 from shoprld.daemon.machine import State
 
@@ -47,22 +48,40 @@ async def run(ctx: RoundContext) -> Outcome:
         launcher=ctx.cfg.train.launcher, job_id=str(started.get("job_id", "")),
         command=" ".join(ctx.argv(ctx.cfg.train.command)), log_path=str(ctx.log_path(State.TRAIN)),
         status="keep" if inject.get("branch") == "selected" else "discard",
-        description=f"{ctx.round_id}: gate {gate.get('decision', '?')}, skillbank {inject.get('branch', '?')}"
-        f", reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
+        description=_description(ctx.round_id, gate, inject, primary, summary),
         exp_dir=str(lay.exp_dir), checkpoint_path=str(checkpoint), artifacts_path=str(lay.artifacts),
-        cache_root=str(lay.cache_root),
+        cache_root=str(lay.cache_root), causes=causes_of_round(lay.logs, ctx.round_id),
     )
     ledger(ctx).append(row)
     _retention(ctx)
     return Outcome.done("round recorded")
 
 
+def _description(rid: str, gate: dict, inject: dict, primary: dict, summary: dict) -> str:  # type: ignore[type-arg]
+    """The ledger's description: gate, branch, reward, the bare val's coverage, and what went
+    wrong with the analysis (a fallback, which loses the proposal ledger, or a silent empty one)."""
+    counts = summary.get("counts") if isinstance(summary.get("counts"), dict) else {}
+    coverage = counts.get("coverage")
+    parts = [f"{rid}: gate {gate.get('decision', '?')}", f"skillbank {inject.get('branch', '?')}",
+             f"reward_mean {primary.get('reward_mean', '?') if primary else '?'}",
+             f"coverage {coverage:.4g}" if isinstance(coverage, (int, float)) else "coverage ?"]
+    if gate.get("dropped_pairs"):
+        parts.append(f"{gate['dropped_pairs']} gate pairs dropped")
+    if gate.get("analysis_status") in ("failed", "silent_empty"):
+        parts.append(str(gate.get("analysis_note") or gate["analysis_status"]))
+    if gate.get("gate_error"):
+        parts.append(f"gate error: {gate['gate_error']}")
+    return ", ".join(parts)
+
+
 def _retention(ctx: RoundContext) -> None:
-    """Keep this round's newest complete checkpoint and the previous round's final one."""
+    """Keep the finals of the last ``disk.keep_finals`` rounds (this one's included; upstream
+    keeps one), delete the older complete checkpoints of this campaign."""
     scan = ckpt.scan(ctx.layout.save_dir)
     keep = {ctx.end_iteration}
-    if ctx.round > 0:
-        keep.add(ctx.mapping.end_iteration(ctx.round - 1))
+    for back in range(1, ctx.cfg.disk.keep_finals):
+        if ctx.round - back >= 0:
+            keep.add(ctx.mapping.end_iteration(ctx.round - back))
     doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=False)
     if doomed:
         freed = ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)

@@ -1,6 +1,6 @@
 """PREFLIGHT_DISK: is the volume fit for the next round? Create the layout. Never skipped.
 
-Refuses (exit 3) on a missing root, a root that is not a mount point (when required),
+Refuses (exit 3) on a TMPDIR-like value too long for a unix socket under it, a missing root, a root that is not a mount point (when required),
 a repo on the same filesystem, a read-only volume, too few bytes or inodes for the
 forecast, or a heavy output path that a symlink takes off the volume. Then it creates
 the campaign and cache layout, the managed ``runs/`` link and the ballast file.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shoprld.daemon.errors import PreflightError
 from shoprld.daemon.machine import State
-from shoprld.daemon.preflight import preflight_problems, real_stack_problems
+from shoprld.daemon.preflight import preflight_problems, real_stack_problems, tmpdir_problems
 
 from .base import Outcome, RoundContext
 
@@ -27,6 +27,10 @@ async def run(ctx: RoundContext) -> Outcome:
     from shoprld.daemon import checkpoints as ckpt
 
     last = ckpt.scan(ctx.layout.save_dir).latest_complete
+    # A TMPDIR too long for a unix socket fails Megatron's first save hours in: refuse now.
+    tmp = tmpdir_problems(ctx.cfg, ctx.layout, ctx.values())
+    if tmp:
+        raise PreflightError(tmp[0].line())
     problems = preflight_problems(ctx.cfg, ctx.layout, last_checkpoint_bytes=last.bytes if last else None)
     if problems:
         raise PreflightError(problems[0].line())

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import anyio
 
+from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon import gpus
+from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 
@@ -30,9 +32,6 @@ from .base import Outcome, RoundContext
 
 STATE = State.TRAIN
 ADOPTS: tuple[str, ...] = ("trainer", "sidecar")
-
-_ENOSPC = re.compile(r"No space left on device|ENOSPC|Disk quota exceeded|errno 28", re.IGNORECASE)
-
 
 def completed(ctx: RoundContext) -> bool:
     """The tracker reached this round's end iteration and that checkpoint is complete."""
@@ -54,11 +53,13 @@ async def run(ctx: RoundContext) -> Outcome:
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
     if cfg.train.check_command:
-        await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
-        verdict = _last_json_line(ctx.log_path(STATE))
-        if not verdict or verdict.get("status") != "ready":
-            return Outcome.fail(f"train.check_command did not report ready: {verdict or 'no JSON status line'}; "
-                                f"see {ctx.log_path(STATE)}")
+        rc = await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
+        problem = check_verdict(_output_of_last(ctx.log_path(STATE), "check"), rc)
+        if problem is not None:
+            kind, message = problem
+            ctx.emit("train.check_failed", reason=message)
+            why = f"{message}; see {ctx.log_path(STATE)}"
+            return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
     trainer = ctx.find_child("trainer")
     if trainer is None:
         await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
@@ -89,6 +90,11 @@ async def run(ctx: RoundContext) -> Outcome:
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
         stalled = await _follow(ctx, trainer)
+        if stalled and trainer.alive() and not trainer.record.job_id:
+            # Where it hangs, for the crash bundle: only while it still hangs (issue 18).
+            dest = bundles.free_attempt_dir(ctx.layout.logs, ctx.round_id, STATE.value, ctx.attempt)
+            await bundles.dump_stacks(dest, trainer.record.pgid, ctx.secrets.redactor)
+            ctx.emit("train.stacks_dumped", path=str(dest / bundles.PY_SPY_FILE))
     finally:
         if trainer.alive():
             await trainer.stop(cfg.train.grace)
@@ -108,11 +114,12 @@ async def run(ctx: RoundContext) -> Outcome:
         await _stop_sidecar(ctx, sidecar)
         return Outcome.done(f"iter_{ctx.end_iteration:07d} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
-    if _ENOSPC.search(tail):
-        return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})", {"progressed": progressed})
+    if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
+        return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})",
+                       {"progressed": progressed, "returncode": trainer.returncode})
     return Outcome.retry(
         f"trainer exited (status {trainer.returncode}) before iter_{ctx.end_iteration:07d} was complete; "
-        f"see {ctx.log_path(STATE)}", progressed=progressed)
+        f"see {ctx.log_path(STATE)}", progressed=progressed, returncode=trainer.returncode)
 
 
 async def _start_sidecar(ctx: RoundContext) -> Child | None:
@@ -266,18 +273,41 @@ def _tail(log: Path, n: int = 16384) -> str:
         return ""
 
 
-def _last_json_line(log: Path) -> dict[str, object] | None:
-    import json
+def _output_of_last(log: Path, role: str) -> str:
+    """What the last launch of ``role`` wrote to the stage log: everything after its
+    ``=== shoprld <time> start <role>:`` header (earlier attempts' output is not its verdict)."""
+    try:
+        data = log.read_bytes()
+    except FileNotFoundError:
+        return ""
+    headers = list(re.finditer(rb"^=== shoprld \S+ start " + re.escape(role.encode()) + rb":.*$", data, re.M))
+    header = headers[-1] if headers else None
+    return data[header.end() + 1 if header else 0:].decode(errors="replace")
 
-    for line in reversed(_tail(log).splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
+
+CHECK = "train.check_command (shopsimrl training check)"
+
+
+def check_verdict(output: str, returncode: int | None) -> tuple[str, str] | None:
+    """None when ``training check`` reported ready, else ``(policy, one-line reason)``.
+
+    The real check prints an indented multi-line JSON payload (``status: "ready"`` and eight
+    more keys) and exits 0; it fails with a traceback on stderr and exit 1, never with a JSON
+    error. A truncated or missing payload after exit 0 is retried (the output was cut short);
+    everything else fails the stage: the check's inputs will not fix themselves.
+    """
+    from shoprld.daemon.toolout import ToolOutputError, last_json_object, require_keys
+
+    if returncode != 0:
+        lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+        last = lines[-1][:300] if lines else "no output"
+        status = "was stopped (timeout)" if returncode is None else f"exited {returncode}"
+        return "fail", f"{CHECK} {status}: {last}"
+    try:
+        verdict = last_json_object(output, source=CHECK)
+        require_keys(verdict, ("status",), source=CHECK)
+    except ToolOutputError as exc:
+        return ("retry" if "truncated" in str(exc) else "fail"), str(exc)
+    if verdict["status"] != "ready":
+        return "fail", f"{CHECK}: reported status {verdict['status']!r}, not 'ready'"
     return None
-
-

@@ -6,8 +6,12 @@ before warm-up), and it must report this round's ``weight_version``. The compile
 (``analyze``: LLM API and CPU) is started here, alongside, when ``gate.overlap_analyze``
 is on, because the gate needs both results.
 
-``run`` exits 0 even when episodes failed, so the stage reads ``summary.json``: coverage
-at least ``val.min_coverage`` and the weight version of this round. A run dir left by an
+``run`` exits 0 even when episodes failed, so the stage reads ``summary.json`` by the real
+tool's rules (``daemon/toolfiles.py``): coverage at least ``val.min_coverage`` (default 0.95:
+a few episodes that exhaust their 3 attempts do not rerun the whole split, the gate drops
+them as the real loop does; the coverage goes to the journal and the ledger), made with
+this round's weights (the real summary has no ``weight_version``: then newer than the
+export). A torn summary or one of the wrong shape is one line, and the stage retries. A run dir left by an
 interrupted or incomplete attempt is archived and the next attempt starts fresh (the tool's
 3-attempts-per-episode budget would otherwise make the summary depend on the history). A bare
 val that a crashed daemon left running is waited for, and its summary used when it covers.
@@ -16,11 +20,12 @@ val that a crashed daemon left running is waited for, and its summary used when 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from shoprld.daemon.machine import State
+from shoprld.daemon.toolfiles import BareSummary, read_bare_summary
+from shoprld.daemon.toolout import ToolOutputError
 
-from .base import Outcome, RoundContext, read_json
+from .base import Outcome, RoundContext
 
 STATE = State.VAL
 ADOPTS: tuple[str, ...] = ("val_server", "analyze", "val")
@@ -30,37 +35,46 @@ def _run_dir(ctx: RoundContext) -> Path:
     return ctx.runs / f"{ctx.round_id}-bare-val"
 
 
-def _covered(ctx: RoundContext, summary: dict[str, object] | None) -> bool:
-    if not summary:
-        return False
-    counts = summary.get("counts")
-    if not isinstance(counts, dict):
-        return False
+def _judge(ctx: RoundContext) -> tuple[BareSummary | None, str | None]:
+    """The bare summary and why it does not do for this round (None when it does).
+
+    Read by the real tool's rules (``daemon/toolfiles.py``): ``counts.coverage`` at least
+    ``val.min_coverage`` (the real loop never checks it and the gate drops unpaired episodes,
+    so a few exhausted episodes pass), for this round's weights.
+    """
+    path = _run_dir(ctx) / "summary.json"
     try:
-        coverage = float(counts.get("coverage", 0.0))
-    except (TypeError, ValueError):
-        return False
-    if coverage < ctx.cfg.val.min_coverage:
-        return False
-    if "weight_version" in summary:
-        return summary.get("weight_version") == ctx.weight_version
+        summary = read_bare_summary(path)
+    except ToolOutputError as exc:
+        return None, str(exc)
+    if summary is None:
+        return None, f"{path}: not written by val.command"
+    if summary.coverage < ctx.cfg.val.min_coverage:
+        return summary, (f"bare val coverage {summary.coverage:.4g} is below val.min_coverage "
+                         f"{ctx.cfg.val.min_coverage:g} ({summary.failed} of {summary.requested} episodes failed)")
+    if summary.has_weight_version:
+        if summary.weight_version != ctx.weight_version:
+            return summary, f"{path}: made with weights {summary.weight_version}, not {ctx.weight_version}"
+        return summary, None
     # The real run_shopsimrl.py does not record the served weights: then the summary must be
     # newer than this round's export (older ones belong to a previous round's weights).
     try:
-        return _run_dir(ctx).joinpath("summary.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
+        fresh = path.stat().st_mtime >= ctx.record_path("export").stat().st_mtime
     except FileNotFoundError:
-        return False
+        fresh = False
+    return summary, None if fresh else f"{path}: older than this round's export (another round's weights)"
 
 
 def completed(ctx: RoundContext) -> bool:
-    """summary.json shows full coverage for this round's weights."""
-    return _covered(ctx, read_json(_run_dir(ctx) / "summary.json"))
+    """summary.json covers enough of the split for this round's weights."""
+    summary, problem = _judge(ctx)
+    return summary is not None and problem is None
 
 
 async def run(ctx: RoundContext) -> Outcome:
     if await ctx.await_child("val", ctx.cfg.val.timeout):  # a crashed daemon's, still running
-        summary = read_json(_run_dir(ctx) / "summary.json")
-        if _covered(ctx, summary):
+        summary, problem = _judge(ctx)
+        if summary is not None and problem is None:
             return _done(ctx, summary)
     problem = await ctx.val_server.ensure_ready(ctx)
     if problem:
@@ -80,20 +94,22 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.shopsim.wait_ready(ctx, before="before the bare val")
     if problem:
         return Outcome.retry(problem)
-    await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
-    summary = read_json(_run_dir(ctx) / "summary.json")
-    if _covered(ctx, summary):
+    rc = await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
+    summary, problem = _judge(ctx)
+    if summary is not None and problem is None:
         return _done(ctx, summary)
-    counts = (summary or {}).get("counts")
     # The next attempt archives this run dir and starts fresh (see above).
-    return Outcome.retry(f"bare val incomplete ({counts or 'no summary.json'}, weights "
-                         f"{(summary or {}).get('weight_version')}); rerunning it fresh")
+    return Outcome.retry(f"{problem} (val.command exited {rc}); rerunning it fresh")
 
 
-def _done(ctx: RoundContext, summary: dict[str, Any] | None) -> Outcome:
-    primary = (summary or {}).get("primary", {})
-    ctx.emit("val.summary", coverage=(summary or {}).get("counts", {}).get("coverage"), primary=primary)
-    return Outcome.done("bare val complete", primary=primary)
+def _done(ctx: RoundContext, summary: BareSummary) -> Outcome:
+    ctx.emit("val.summary", coverage=summary.coverage, failed=summary.failed, requested=summary.requested,
+             primary=summary.primary)
+    if summary.coverage < 1.0:
+        ctx.emit("val.partial_coverage", coverage=summary.coverage, failed=summary.failed,
+                 min_coverage=ctx.cfg.val.min_coverage, note="the gate drops the unpaired episodes")
+    return Outcome.done(f"bare val complete (coverage {summary.coverage:.4g})", primary=summary.primary,
+                        coverage=summary.coverage)
 
 
 def _analysis_done(ctx: RoundContext) -> bool:

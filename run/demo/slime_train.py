@@ -3,23 +3,29 @@
 
 What it keeps from slime and Megatron, because the daemon relies on it:
 - the loop `for rollout_id in range(start, num_rollout)`: `--num-rollout` is an absolute end;
-- resume from `<load>/latest_checkpointed_iteration.txt` (`N`, `iter_N` or `release`):
-  start = tracker + 1, or 0 without a tracker;
+- resume from `<load>/latest_checkpointed_iteration.txt`: an integer N or `release` (iteration
+  0, dir `release/`), as Megatron's read_metadata accepts; anything else (`iter_N` too) is
+  "Invalid metadata file" and exit 1. start = tracker + 1, or 0 without a tracker;
 - saves when `(rollout_id + 1) % save_interval == 0` or at the last rollout; the Megatron
   iteration saved is the rollout id; `iter_{N:07d}/` gets common.pt, __R_0.distcp, .metadata,
   metadata.json (each fsynced, in that order), then the tracker is written with a plain
-  open('w'), then `--save-hf` (index, shards, config.json), then the data-sampler state
+  open('w'), then `--save-hf` in slime's order (old weights deleted, config.json, shards
+  under temp names then renamed, the index LAST), then the data-sampler state
   `rollout/global_dataset_state_dict_N.pt`;
 - no save on SIGTERM (the default action: the process dies at once);
 - WANDB_API_KEY comes from the environment and is never printed.
 
 Each rollout leases ShopSim slots (reset/interact/terminate/release_one), sleeps
 DEMO_STEP_SECONDS, writes `runs/slime-training/<round>/group-%09d/{rollout-0.json,
-triage.json[, full-skill-retry.json]}` and prints `rollout <id>/<num_rollout-1> step_time=<s>
-reward=<x>`. Helper mode: `--init-base DIR` writes the converted base model (iteration 0).
+triage.json[, full-skill-retry.json]}` (the round named by the curriculum's `round_id`, task
+ids from the train half of the service's `/healthz` `tasks`) and logs slime's own lines:
+`[time] rollout_metrics.py:0 - perf <id>: {...}` and `[time] train_metric_utils.py:0 - rollout
+<id>: {...}`. Helper mode: `--init-base DIR` writes the converted base model as
+convert_hf_to_torch_dist.py leaves it (tracker `release`, dir `release/`).
 
 Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive unscored groups);
-2 usage or configuration error (bad tracker, missing WANDB_API_KEY, unreadable config).
+1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
+unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
 DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -43,6 +50,29 @@ MAX_FAILED_GROUPS = 8  # slime aborts the job after 8 consecutive unscored group
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def slime_log(msg: str, where: str = "train.py:0") -> None:
+    """slime's logging format (`slime/observability/logging_utils.py`): `[time] file:line - msg`."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {where} - {msg}", flush=True)
+
+
+def read_tracker(load_dir: str) -> tuple[int, Path] | None:
+    """Megatron's `read_metadata`: the tracker holds an integer or `release` (iteration 0, dir
+    `release/`); anything else (`iter_N` included) is an error and the job dies."""
+    path = Path(load_dir) / c.TRACKER
+    try:
+        raw = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if raw == "release":
+        return 0, Path(load_dir) / "release"
+    try:
+        iteration = int(raw)
+    except ValueError:
+        # Megatron prints this and calls sys.exit(); inside slime's train actor that fails the job.
+        raise c.DemoError(f"ERROR: Invalid metadata file {path}. Exiting", 1) from None
+    return iteration, Path(load_dir) / c.iter_dir_name(iteration)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -139,14 +169,46 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     return c.load_checkpoint(d)["weights_digest"]
 
 
+def save_hf(out: str, weights_digest: str, hf_bytes: int, config: bytes) -> None:
+    """slime's `--save-hf` order (`hf_checkpoint_saver.py`): delete the old weights and index,
+    copy config.json, write shards under temp names and rename them, the index LAST. The bytes
+    equal the converter's (`_common.write_hf_dir`), only the order differs."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    for old in [*d.glob("*.safetensors"), *d.glob("*.bin"), d / c.HF_INDEX]:
+        old.unlink(missing_ok=True)
+    c.write_fsync(d / "config.json", config)
+    plan = c.hf_tensor_plan(hf_bytes)
+    per = -(-len(plan) // c.HF_SHARDS)
+    shards = [plan[i * per:(i + 1) * per] for i in range(c.HF_SHARDS)]
+    files = [f"model-{i + 1:05d}-of-{c.HF_SHARDS:05d}.safetensors" for i in range(c.HF_SHARDS)]
+    total = 0
+    for k, (file, shard) in enumerate(zip(files, shards)):
+        header, offsets = c.safetensors_header(shard)
+        total += offsets[-1][1] if offsets else 0
+
+        def body(header: bytes = header, shard: list[Any] = shard, offsets: list[Any] = offsets) -> Any:
+            yield header
+            for (name, _, _), (begin, stop) in zip(shard, offsets):
+                yield from c.det_stream(f"hf:{weights_digest}:{name}".encode(), stop - begin)
+
+        c.write_fsync(d / f"model-{k}.safetensors", body())
+        os.replace(d / f"model-{k}.safetensors", d / file)
+    weight_map = {name: files[i] for i, shard in enumerate(shards) for name, _, _ in shard}
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    c.write_fsync(d / c.HF_INDEX, c.canonical_json(index).encode("utf-8"))
+    c.fsync_dir(d)
+
+
 def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
     save = Path(args.save)
     log(f"saving checkpoint iter {iteration} to {save}")
     digest = write_checkpoint(save, iteration, args.seed, faults)
-    log(f"saved checkpoint iter {iteration}")
+    slime_log(f"successfully saved checkpoint from iteration {iteration:7d} to {save} [ t 1/1, p 1/1 ]",
+              "checkpointing.py:0")
     if args.save_hf:
         hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
-        c.write_hf_dir(args.save_hf, digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
+        save_hf(args.save_hf.format(rollout_id=iteration), digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
         log(f"saved hf checkpoint iter {iteration} to {args.save_hf}")
     state = {"format": "shoprld-demo-dataset-state-v1", "rollout_id": iteration, "epoch": 0,
              "sample_offset": (iteration + 1) * 16}
@@ -156,6 +218,45 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
 
 # ---------------------------------------------------------------- rollouts
 
+def read_custom_config(path: str) -> dict[str, Any]:
+    """slime's --custom-config-path: a flat block-YAML mapping (PyYAML when installed)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:
+        data: Any = json.loads(text) if text.lstrip().startswith("{") else {
+            k.strip(): _scalar(v) for k, _, v in (ln.partition(":") for ln in text.splitlines()
+                                                  if ln.strip() and not ln.lstrip().startswith("#"))}
+    else:
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise c.DemoError(f"{path}: not a mapping", 2)
+    return data
+
+
+def _scalar(t: str) -> Any:
+    t = t.strip()
+    if t in ("null", "~", ""):
+        return None
+    if t in ("true", "false"):
+        return t == "true"
+    if t.startswith('"'):
+        return json.loads(t)
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def curriculum_round(path: Any) -> str:
+    try:
+        return str(c.read_json(path, "curriculum").get("round_id") or "round-000") if path else "round-000"
+    except c.DemoError:
+        return "round-000"
+
+
 class Rollouts:
     """One rollout = a few GRPO groups, each one ShopSim episode, run concurrently."""
 
@@ -163,22 +264,28 @@ class Rollouts:
         self.url = (cfg.get("shopsim_environment_base_url") or cfg.get("shopsim_url") or "").rstrip("/")
         self.concurrency = int(cfg.get("shopsim_episode_concurrency") or cfg.get("episode_concurrency") or 4)
         self.timeout = float(cfg.get("shopsim_environment_timeout") or 30)
-        self.round_id = str(cfg.get("round_id") or "round-000")
+        # The training dir is named after the CURRICULUM's round_id (the real emitter writes none).
+        self.round_id = curriculum_round(cfg.get("shopsim_curriculum_path"))
         out = cfg.get("shopsim_training_output_dir")
-        root = cfg.get("project_root")
-        self.out_dir = Path(out) / self.round_id if out else (Path(root) / "runs" / "slime-training" / self.round_id if root else None)
-        self.seed = int(cfg.get("seed") or seed)
+        self.out_dir = Path(out) / self.round_id if out else None
+        self.seed = seed
+        self.tasks: list[int] | None = None
         self.fraction = c.env_float("DEMO_TRIAGE_FRACTION", 0.25)
         self.failed_in_a_row = 0
         self.client = c.ShopClient(self.url, self.timeout)
-        self.task_ids: list[int] | None = None
+
+    def train_tasks(self) -> list[int]:
+        """The train split of the tasks the service serves (its `/healthz` `tasks`, never a fixed
+        range: a real ShopSimulator serves only its catalog's ids): the lower half, as the demo's
+        val tool takes the upper half."""
+        if self.tasks is None:
+            ids = self.client.task_ids()
+            self.tasks = ids[:max(1, len(ids) // 2)]
+        return self.tasks
 
     def episode(self, group: int, leak: bool) -> dict[str, Any]:
-        # Task ids come from the service (its /healthz `tasks`), never a fixed range: a real
-        # ShopSimulator serves only its catalog's ids.
-        if self.task_ids is None:
-            self.task_ids = self.client.task_ids()
-        task = self.task_ids[int(c.unit("train-task", self.seed, self.round_id, group) * len(self.task_ids))]
+        tasks = self.train_tasks()
+        task = tasks[int(c.unit("train-task", self.seed, self.round_id, group) * len(tasks))]
         if leak:
             lease = self.client.call({"action": "reset", "idx": task})
             return {"group": group, "task_id": task, "leaked": {"env_idx": lease["env_idx"], "lease_id": lease["lease_id"]}}
@@ -230,10 +337,15 @@ class Rollouts:
 
 
 def init_base(out: str, seed: int) -> int:
+    """`tools/convert_hf_to_torch_dist.py`: save iteration 1, then rename `iter_0000001/` to
+    `release/` and write `release` in the tracker (Megatron's converted-base layout)."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    write_checkpoint(d, 0, seed, None)
-    log(f"wrote converted base model (iteration 0, tracker 0) to {d}")
+    write_checkpoint(d, 1, seed, None)
+    os.replace(d / c.iter_dir_name(1), d / "release")
+    with open(d / c.TRACKER, "w") as f:
+        f.write("release")
+    log(f"wrote converted base model (tracker release, dir release/) to {d}")
     return 0
 
 
@@ -263,11 +375,12 @@ def main() -> int:
     log(f"argv: {' '.join(sys.argv[1:])}")
     if extra:
         log(f"accepted slime flags (recorded, not used): {' '.join(extra)}")
-    tracker = c.read_tracker(args.load) if args.load else None
+    loaded = read_tracker(args.load) if args.load else None
+    tracker = None if loaded is None else loaded[0]
     start = 0 if tracker is None else tracker + 1
     end = args.num_rollout
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
-    cfg = c.read_json(args.custom_config_path, "custom config") if args.custom_config_path else {}
+    cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
     rollouts = Rollouts(cfg, args.seed)
     step_s = c.env_float("DEMO_STEP_SECONDS", 0.05)
     for rollout_id in range(start, end):
@@ -285,7 +398,10 @@ def main() -> int:
         rollouts.record(rollout_id, results)
         rewards = [r["reward"] for r in results if "reward" in r]
         mean = sum(rewards) / len(rewards) if rewards else 0.0
-        log(f"rollout {rollout_id}/{end - 1} step_time={time.monotonic() - t0:.3f} reward={mean:.4f}")
+        step_time = time.monotonic() - t0
+        slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
+        slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
+                  "train_metric_utils.py:0")
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
             save_all(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1

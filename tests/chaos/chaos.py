@@ -104,7 +104,8 @@ def _end_saves(root: Path) -> dict[int, int]:
     """How many times each iteration was saved, over every trainer log of the campaign."""
     counts: dict[int, int] = {}
     for log in root.joinpath("ephemeral").rglob("r*-train.log"):
-        for m in re.finditer(r"^saved checkpoint iter (\d+)", log.read_text(errors="replace"), re.M):
+        # Megatron's line, as the demo trainer logs it (slime's logging prefix first).
+        for m in re.finditer(r" - successfully saved checkpoint from iteration +(\d+) to ", log.read_text(errors="replace")):
             counts[int(m.group(1))] = counts.get(int(m.group(1)), 0) + 1
     return counts
 

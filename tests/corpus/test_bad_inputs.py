@@ -203,6 +203,11 @@ CASES: dict[str, Case] = {
     "state-truncated": Case(_state(_write("state.json", b'{"schema": 1, "round": 0, "sta')), 0, ""),
     "state-wrong-schema": Case(_state(_write("state.json", b'{"schema": 42}')), 0, ""),
     "journal-torn": Case(_state(_write("journal.jsonl", b'{"event": "transition", "snap')), 0, ""),
+    "state-wrong-type-round": Case(_state(_write("state.json", b'{"schema": 1, "round": "abc"}')), 0, ""),
+    "state-children-a-list": Case(_state(_write("state.json", b'{"schema": 1, "round": 0, "children": ["trainer"]}')), 0, ""),
+    "state-of-another-campaign": Case(_state(_write("identity.json", json.dumps(
+        {"campaign": "demo", "experiment": "x", "repo": "/elsewhere/repo", "ephemeral_root": "/elsewhere/vol",
+         "creation_id": "0" * 32}).encode())), 3, "this state dir belongs to another campaign"),
     "status-garbage": Case(_status_garbage, 0, '"state"', "stdout"),
     # checkpoints
     "tracker-garbage": Case(_ckpt(_write("latest_checkpointed_iteration.txt", b"not-a-number\x00")), 0, ""),

@@ -216,14 +216,14 @@ def start_valserver(procs: Procs, model_path: Path | str, *extra: str, wait_heal
 
 @pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two HF dirs made by the converter: iteration 0 of seed 1234 and of seed 99."""
+    """Two HF dirs made by the converter: the converted base (`release/`) of seed 1234 and of seed 99."""
     root = tmp_path_factory.mktemp("hf")
     out = {}
     for name, seed in (("a", "1234"), ("b", "99")):
         base = root / f"base-{name}"
         assert run_demo("slime_train.py", "--init-base", str(base), "--seed", seed).returncode == 0
         (root / "orig").mkdir(exist_ok=True)
-        res = run_demo("convert_torch_dist_to_hf.py", "--input-dir", str(base / "iter_0000000"),
+        res = run_demo("convert_torch_dist_to_hf.py", "--input-dir", str(base / "release"),
                        "--output-dir", str(root / f"hf-{name}"), "--origin-hf-dir", str(root / "orig"))
         assert res.returncode == 0, res.stderr
         out[name] = root / f"hf-{name}"

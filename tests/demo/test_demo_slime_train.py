@@ -21,19 +21,30 @@ def train(*args: str, **knobs: str):  # noqa: ANN201 - CompletedProcess
 
 
 def rollouts_run(stdout: str) -> list[int]:
-    return [int(m) for m in re.findall(r"^rollout (\d+)/\d+ step_time=\S+ reward=\S+$", stdout, re.M)]
+    """slime's own line: `[time] train_metric_utils.py:N - rollout <id>: {...}`."""
+    return [int(m) for m in re.findall(r"^\[[\d: -]+\] \S+\.py:\d+ - rollout (\d+): \{.*\}$", stdout, re.M)]
 
 
 def saves(stdout: str) -> list[int]:
-    return [int(m) for m in re.findall(r"^saved checkpoint iter (\d+)$", stdout, re.M)]
+    return [int(m) for m in re.findall(r" - successfully saved checkpoint from iteration +(\d+) to ", stdout)]
 
 
-def test_init_base_writes_iteration_zero(tmp_path: Path) -> None:
-    """--init-base writes a complete iter_0000000 and a tracker holding 0."""
+def test_init_base_writes_the_converted_release_layout(tmp_path: Path) -> None:
+    """--init-base writes what convert_hf_to_torch_dist.py leaves: a complete `release/` dir and the tracker `release`."""
     res = train("--init-base", str(tmp_path / "base"))
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "base" / c.TRACKER).read_text() == "0"
-    assert c.load_checkpoint(tmp_path / "base" / "iter_0000000")["common"]["iteration"] == 0
+    assert (tmp_path / "base" / c.TRACKER).read_text() == "release"
+    assert c.load_checkpoint(tmp_path / "base" / "release")["common"]["iteration"] == 1
+    assert not list((tmp_path / "base").glob("iter_*"))
+
+
+def test_the_converted_base_resumes_at_rollout_1(tmp_path: Path) -> None:
+    """Round 0 from the converted base: tracker `release` is iteration 0, so slime starts at rollout 1."""
+    assert train("--init-base", str(tmp_path / "base")).returncode == 0
+    res = train("--load", str(tmp_path / "base"), "--save", str(tmp_path / "s"), "--save-interval", "100",
+                "--num-rollout", "3")
+    assert res.returncode == 0, res.stderr
+    assert rollouts_run(res.stdout) == [1, 2] and (tmp_path / "s" / c.TRACKER).read_text() == "2"
 
 
 def test_fresh_start_runs_from_zero_and_saves_like_slime(tmp_path: Path) -> None:
@@ -45,12 +56,12 @@ def test_fresh_start_runs_from_zero_and_saves_like_slime(tmp_path: Path) -> None
     assert sorted(p.name for p in (tmp_path / "s").glob("iter_*")) == ["iter_0000004", "iter_0000009", "iter_0000011"]
     assert (tmp_path / "s" / c.TRACKER).read_text() == "11"
     assert (tmp_path / "s" / "rollout" / "global_dataset_state_dict_11.pt").is_file()
-    assert re.search(r"^rollout 11/11 step_time=\d+\.\d+ reward=\d+\.\d+$", res.stdout, re.M)
+    assert re.search(r" - perf 11: \{", res.stdout)
 
 
-@pytest.mark.parametrize("tracker", ["5", "iter_5", "  iter_0000005 \n", "5\n"])
+@pytest.mark.parametrize("tracker", ["5", " 5 \n", "5\n"])
 def test_resume_starts_at_tracker_plus_one(tmp_path: Path, tracker: str) -> None:
-    """A tracker holding N or iter_N (any whitespace) resumes at N+1."""
+    """A tracker holding an integer N (any whitespace) resumes at N+1."""
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / c.TRACKER).write_text(tracker)
     res = train("--load", str(tmp_path / "s"), "--save", str(tmp_path / "s"), "--save-interval", "100", "--num-rollout", "8")
@@ -70,12 +81,14 @@ def test_num_rollout_at_or_below_start_runs_nothing(tmp_path: Path, num_rollout:
     assert not list((tmp_path / "s").glob("iter_*"))
 
 
-def test_unparseable_tracker_is_a_one_line_exit_2(tmp_path: Path) -> None:
-    """A tracker that is neither N nor iter_N stops the trainer with one stderr line, exit 2."""
-    (tmp_path / c.TRACKER).write_text("garbage")
+@pytest.mark.parametrize("tracker", ["garbage", "iter_5", "iter_0000005"])
+def test_a_tracker_megatron_rejects_stops_the_trainer(tmp_path: Path, tracker: str) -> None:
+    """Like Megatron's read_metadata, anything but an integer or `release` (iter_N included) is
+    "Invalid metadata file": one stderr line, and the job fails (exit 1)."""
+    (tmp_path / c.TRACKER).write_text(tracker)
     res = train("--load", str(tmp_path), "--save", str(tmp_path), "--num-rollout", "3")
-    assert res.returncode == 2
-    assert res.stderr.strip().count("\n") == 0 and "unparseable tracker" in res.stderr
+    assert res.returncode == 1
+    assert res.stderr.strip().count("\n") == 0 and "Invalid metadata file" in res.stderr
 
 
 def test_checkpoint_files_are_written_in_megatron_order(tmp_path: Path) -> None:
@@ -90,7 +103,7 @@ def test_checkpoint_files_are_written_in_megatron_order(tmp_path: Path) -> None:
     assert (d / "__0_0.distcp").stat().st_size + (d / "__1_0.distcp").stat().st_size == 300000
     assert json.loads((d / "metadata.json").read_text()) == c.METADATA_JSON
     assert (tmp_path / c.TRACKER).read_text() == "0"
-    assert res.stdout.index("saving checkpoint iter 0") < res.stdout.index("saved checkpoint iter 0")
+    assert res.stdout.index("saving checkpoint iter 0") < res.stdout.index("successfully saved checkpoint from iteration")
 
 
 def test_save_hf_matches_the_converter_byte_for_byte(tmp_path: Path) -> None:
@@ -111,7 +124,7 @@ def test_converter_refuses_existing_output_without_force(tmp_path: Path) -> None
     """An existing output dir is refused with one line and exit 1; -f overwrites it."""
     assert train("--init-base", str(tmp_path / "b")).returncode == 0
     (tmp_path / "out").mkdir()
-    args = ["--input-dir", str(tmp_path / "b" / "iter_0000000"), "--output-dir", str(tmp_path / "out"), "--origin-hf-dir", str(tmp_path)]
+    args = ["--input-dir", str(tmp_path / "b" / "release"), "--output-dir", str(tmp_path / "out"), "--origin-hf-dir", str(tmp_path)]
     res = run_demo("convert_torch_dist_to_hf.py", *args)
     assert res.returncode == 1 and "already exists" in res.stderr and res.stderr.count("\n") == 1
     assert run_demo("convert_torch_dist_to_hf.py", *args, "-f").returncode == 0
@@ -163,7 +176,7 @@ def test_sigterm_exits_at_once_without_saving(tmp_path: Path, procs: Procs) -> N
     """Like slime, SIGTERM kills the trainer at once: no save, the tracker is untouched."""
     p = procs.start("slime_train.py", "--save", str(tmp_path / "s"), "--save-interval", "1000", "--num-rollout", "1000",
                     env=child_env(DEMO_STEP_SECONDS="0.1"))
-    p.wait_log("rollout 2/")
+    p.wait_log("- rollout 2: {")
     p.popen.send_signal(signal.SIGTERM)
     assert p.wait(timeout=5) == -signal.SIGTERM
     assert not (tmp_path / "s" / c.TRACKER).exists() and not list((tmp_path / "s").glob("iter_*"))
@@ -226,7 +239,7 @@ def test_sigkill_during_rollout_12_resumes_from_the_last_save(tmp_path: Path, pr
     assert train("--init-base", str(s)).returncode == 0
     args = ["--load", str(s), "--save", str(s), "--save-interval", "5", "--num-rollout", "21"]
     p = procs.start("slime_train.py", *args, env=child_env(DEMO_STEP_SECONDS="0.05"))
-    p.wait_log("rollout 11/20")  # rollout 12 is now in progress
+    p.wait_log("- rollout 11: {")  # rollout 12 is now in progress
     p.popen.send_signal(signal.SIGKILL)
     p.wait(5)
     assert (s / c.TRACKER).read_text() == "9"
@@ -302,5 +315,5 @@ def test_shopsim_down_aborts_after_8_unscored_groups(tmp_path: Path) -> None:
 def test_step_seconds_knob_sets_the_step_time(tmp_path: Path) -> None:
     """DEMO_STEP_SECONDS is slept every rollout and shows in the step_time field."""
     res = train("--save", str(tmp_path), "--num-rollout", "2", DEMO_STEP_SECONDS="0.2")
-    times = [float(x) for x in re.findall(r"step_time=(\S+)", res.stdout)]
+    times = [float(x) for x in re.findall(r"\"perf/step_time\": ([0-9.]+)", res.stdout)]
     assert len(times) == 2 and min(times) >= 0.2

@@ -76,6 +76,11 @@ def test_deadline_allowing_two_and_a_half_rounds_stops_cleanly_after_two(tmp_pat
     assert m and int(m.group(1)) >= int(m.group(2)), done[-1]["message"]
     assert not [r for r in journal(tmp_path) if r["event"] == "transition" and r["dst"] == "TRAIN"
                 and r["round"] == stopped_at]
+    if stopped_at == 2:  # issue 18 item 6: round 1 warned early that round 2 would not fit
+        warned = [r for r in journal(tmp_path) if r["event"] == "plan.next_round_wont_fit"]
+        assert [(w["round"], w["reason"]) for w in warned] == [(1, "deadline")], warned
+        assert warned[0]["seq"] < done[-1]["seq"]
+        assert warned[0]["message"].startswith("round-002 (3 of 5) will not fit before the deadline")
     view = subprocess.run([*SHOPRLD, "status", "-c", str(campaign)], capture_output=True, text=True, timeout=60)
     assert view.returncode == 0, view.stderr
     assert "stopped: the deadline was reached" in view.stdout

@@ -174,7 +174,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     try:
         # Mid-job: the job is RUNNING and has logged a few rollouts into the stage log.
         wait_for(lambda: [j for j in head.jobs() if j["status"] == "RUNNING"], 120, "round 0's job RUNNING")
-        wait_for(lambda: log0.exists() and re.search(r"^rollout [3-9]", log0.read_text(), re.MULTILINE), 120,
+        wait_for(lambda: log0.exists() and re.search(r" - rollout [3-9]: \{", log0.read_text()), 120,
                  "rollout 3 in the stage log")
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(timeout=10)
@@ -201,7 +201,7 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
         assert "WANDB_API_KEY" in j["runtime_env"]["env_vars"]
         assert "demo-fake-wandb-key" not in j["entrypoint"]
     text0 = log0.read_text()
-    assert re.search(r"^rollout 19/20", text0, re.MULTILINE)
+    assert re.search(r" - rollout 19: \{", text0)
     adopted = [r for r in map(json.loads, (state_dir / "journal.jsonl").read_text().splitlines())
                if r.get("event") == "child.adopted" and r.get("role") == "trainer"]
     assert len(adopted) == 1 and "re-attach trainer" not in text0

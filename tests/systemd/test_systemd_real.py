@@ -68,5 +68,5 @@ def test_status_line_and_restart_are_in_the_artifacts(suite: dict[str, dict[str,
     out = Path(str(suite["__out__"]["path"]))
     running = (out / "status-1-running.txt").read_text()
     restarted = (out / "status-2-restarted.txt").read_text()
-    assert 'Status: "round 2/3 TRAIN step' in running
+    assert 'Status: "round-001 (2 of 3) TRAIN step' in running
     assert "status=9/KILL" in restarted and "Scheduled restart job" in restarted

@@ -420,3 +420,71 @@ def test_query_returns_none_when_nobody_listens(tmp_path: Path) -> None:
     """query() is None for a missing socket, so callers fall back to the status file."""
     assert query(tmp_path, {"cmd": "status"}, timeout=0.5) is None
     assert control.validate_request({"cmd": "stop"}) is None
+
+
+# -- stop never signals a process that is not this campaign's daemon (issue 15, bug 4) ----------------
+# Holds the campaign's flock the way a one-shot command does, writing no pid anywhere.
+RAW_LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(os.path.join(sys.argv[1], "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated live process (a `sleep`), reaped at the end."""
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _stop_cli(cfg: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "stop", "-c", str(cfg)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("record", ["pid file only", "record of the bystander", "record with a reused pid"])
+def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
+        campaign: tuple[Path, Path], bystander: subprocess.Popen[bytes], record: str) -> None:
+    """The lock is held by a one-shot command (no pid in the lock file) and daemon.pid (or even a
+    daemon.json) names an unrelated live process: stop signals nothing, says so in one line, exit 3."""
+    cfg, state_dir = campaign
+    (state_dir / "daemon.pid").write_text(f"{bystander.pid}\n")
+    if record != "pid file only":
+        from shoprld.daemon.store import daemon_record
+    if record == "record of the bystander":  # right pid, start time and cmdline, but it holds no lock
+        (state_dir / "daemon.json").write_text(json.dumps(daemon_record(bystander.pid)))
+    elif record == "record with a reused pid":
+        (state_dir / "daemon.json").write_text(json.dumps({**daemon_record(bystander.pid), "start_ticks": 1}))
+    with ready_child(RAW_LOCK_HOLDER, str(state_dir), stdin=subprocess.PIPE) as holder:
+        proc = _stop_cli(cfg)
+        assert holder.poll() is None  # the one-shot holder was not signalled either
+    assert bystander.poll() is None, "stop signalled an unrelated process"
+    assert proc.returncode == EXIT_CONFIG, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nothing was signalled" in lines[0] and str(state_dir / "lock") in lines[0], lines
+    assert proc.stdout == ""
+
+
+def test_one_shot_commands_write_no_daemon_pid(campaign: tuple[Path, Path]) -> None:
+    """A one-shot lock holder (clean, export-campaign) leaves no daemon.pid or daemon.json behind
+    for stop to mistake; the daemon's lock writes both."""
+    from shoprld.daemon.store import Store
+
+    _, state_dir = campaign
+    s = Store(state_dir)
+    s.acquire_lock(role="oneshot")
+    assert not (state_dir / "daemon.pid").exists() and not (state_dir / "daemon.json").exists()
+    s.release_lock()
+    s.acquire_lock()
+    rec = json.loads((state_dir / "daemon.json").read_text())
+    assert rec["pid"] == os.getpid() and rec["cmdline"] and rec["start_ticks"]
+    s.release_lock()
+    assert not (state_dir / "daemon.json").exists()

@@ -27,7 +27,7 @@ def test_no_run_writes_the_tree_and_runs_nothing(tmp_path: Path) -> None:
     assert (d / "repo" / ".env").is_file() and (d / "models" / "base_torch_dist").is_dir()
     assert list((d / "state").iterdir()) == []
     assert not any((d / "ephemeral").iterdir())
-    assert f"shoprld demo --dir {d.resolve()}" in res.stdout and "watch it" not in res.stdout
+    assert f"demo --dir {d.resolve()}" in res.stdout and "watch it" not in res.stdout
 
 
 def test_no_run_keeps_an_edited_campaign_file(tmp_path: Path) -> None:

@@ -277,7 +277,7 @@ def test_notifications_are_redacted_before_the_status_line_is_cut(tmp_path: Path
     sock.settimeout(5)
     try:
         n = Notifier({"NOTIFY_SOCKET": str(path)}, redactor=secrets.redactor)
-        head = "FAILED in round 1/1: "
+        head = "FAILED in round-000 (1 of 1): "
         err = "x" * (MAX_STATUS_LEN - len(head) - len("STATUS=") - 4) + CANARY
         n.status_of({"state": "FAILED", "rounds": 1, "round": 0, "last_error": err})
         got = sock.recv(4096).decode()

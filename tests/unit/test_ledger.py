@@ -18,7 +18,7 @@ from shoprld.daemon.ledger import (
 )
 
 HEADER = ("index branch parent_commit commit recipe metric_name metric_value memory_gb elapsed_min launcher "
-          "job_id command log_path status description exp_dir checkpoint_path artifacts_path cache_root")
+          "job_id command log_path status description exp_dir checkpoint_path artifacts_path cache_root causes")
 
 
 def row(i: int, **over: str) -> dict[str, str]:

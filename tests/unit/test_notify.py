@@ -39,8 +39,8 @@ def test_each_helper_sends_its_datagram(listener: tuple[socket.socket, str]) -> 
     assert n.enabled
     assert n.ready()
     assert recv(sock) == "READY=1"
-    assert n.status("round 3/5 TRAIN step 12/20")
-    assert recv(sock) == "STATUS=round 3/5 TRAIN step 12/20"
+    assert n.status("round-002 (3 of 5) TRAIN step 12/20")
+    assert recv(sock) == "STATUS=round-002 (3 of 5) TRAIN step 12/20"
     assert n.watchdog()
     assert recv(sock) == "WATCHDOG=1"
     assert n.extend_timeout(90)
@@ -114,19 +114,19 @@ def _snap(**over: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("over", "line"), [
-    ({}, "round 3/5 TRAIN step 12/20 ckpt 59"),
-    ({"state": "VAL", "last_checkpoint": None}, "round 3/5 VAL"),
+    ({}, "round-002 (3 of 5) TRAIN step 12/20 ckpt 59"),
+    ({"state": "VAL", "last_checkpoint": None}, "round-002 (3 of 5) VAL"),
     ({"state": "PAUSED_DISK", "disk": {"level": "soft", "free_bytes": int(1.2 * 1024**3),
                                        "soft_limit_bytes": 4 * 1024**3}},
      "PAUSED_DISK: free 1.2 GiB < soft 4.0 GiB"),
     ({"state": "PAUSED_DISK", "last_error": "no inodes left"}, "PAUSED_DISK: no inodes left"),
     ({"state": "DONE", "round": 5, "rounds_done": [{}] * 5}, "DONE: 5/5 rounds ckpt 59"),
-    ({"state": "STOPPED", "stop_reason": "requested"}, "STOPPED (requested) in round 3/5 ckpt 59"),
-    ({"state": "FAILED", "last_error": "val failed 3 times"}, "FAILED in round 3/5: val failed 3 times"),
-    ({"warnings": ["trainer stalled for 42m"]}, "round 3/5 TRAIN step 12/20 ckpt 59 | ! trainer stalled for 42m"),
+    ({"state": "STOPPED", "stop_reason": "requested"}, "STOPPED (requested) in round-002 (3 of 5) ckpt 59"),
+    ({"state": "FAILED", "last_error": "val failed 3 times"}, "FAILED in round-002 (3 of 5): val failed 3 times"),
+    ({"warnings": ["trainer stalled for 42m"]}, "round-002 (3 of 5) TRAIN step 12/20 ckpt 59 | ! trainer stalled for 42m"),
 ])
 def test_status_line(over: dict[str, Any], line: str) -> None:
-    """The STATUS= text reads like `round 3/5 TRAIN step 12/20 ckpt 59`, and explains parked states."""
+    """The STATUS= text reads like `round-002 (3 of 5) TRAIN step 12/20 ckpt 59`, and explains parked states."""
     assert status_line(_snap(**over)) == line
 
 

@@ -4,6 +4,7 @@ checks that read the same resolved values (emitted ports, printed commands, expo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import socket
@@ -32,6 +33,8 @@ CACHE = "/root/autodl-tmp/nemo-rl/root/cache"
 WANDB_KEY = "wandb-golden-key-0123456789abcdef"
 BAILIAN_KEY = "bailian-golden-key-0123456789abcdef"
 NVIDIA = "/root/miniconda3/envs/slime/lib/python3.12/site-packages/nvidia"
+TMP_LINK = "/tmp/shoprld-tmp-" + hashlib.sha1(f"{EXP}/tmp".encode()).hexdigest()[:10]
+RAY_LINK = "/tmp/shoprld-ray-" + hashlib.sha1(f"{EXP}/ray".encode()).hexdigest()[:10]
 
 # slime/scripts/models/qwen3.5-4B.sh
 MODEL_ARGS = [
@@ -102,10 +105,12 @@ SEED_RUNTIME_ENV = {
     "WANDB_GROUP": "qwen35-4b-train-100",
     "WANDB_MODE": "online",
     "WANDB_DIR": f"{EXP}/wandb",
-    "TMPDIR": f"{EXP}/tmp",
-    "TEMP": f"{EXP}/tmp",
-    "TMP": f"{EXP}/tmp",
-    "RAY_TMPDIR": f"{EXP}/ray",
+    # Not the seed's {EXP}/tmp (85 characters: Megatron's save socket would be too long for
+    # AF_UNIX): the etiquette's short /tmp links to the experiment's tmp and ray dirs.
+    "TMPDIR": TMP_LINK,
+    "TEMP": TMP_LINK,
+    "TMP": TMP_LINK,
+    "RAY_TMPDIR": RAY_LINK,
     "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torch/inductor",
     "TRITON_CACHE_DIR": f"{CACHE}/triton",
     "CUDA_CACHE_PATH": f"{CACHE}/cuda",
@@ -351,8 +356,8 @@ def test_a_concurrency_disagreement_is_reported(cfg: Config, tmp_path: Path) -> 
     assert "shopsim_episode_concurrency: 16" in line
 
 
-def test_the_demo_emitters_json_yamls_are_read_too(tmp_path: Path) -> None:
-    """The demo stand-in's emit (JSON in .yaml files) is checked against the demo recipe."""
+def test_the_demo_emitters_block_yamls_are_checked_too(tmp_path: Path) -> None:
+    """The demo stand-in's emit (block YAML, as the real emitter) is checked against the demo recipe."""
     from shoprld.daemon.demo import create_tree
 
     campaign = create_tree(tmp_path / "d", fast=True, rounds=1)
@@ -368,9 +373,9 @@ def test_the_demo_emitters_json_yamls_are_read_too(tmp_path: Path) -> None:
                    timeout=60)
     loop = tmp_path / "proj" / "runs" / "loop" / "round-000"
     assert commands.port_mismatches(demo, loop) == []
-    data = json.loads((loop / "slime.yaml").read_text())
-    data["shopsim_environment_base_url"] = "http://127.0.0.1:1"
-    (loop / "slime.yaml").write_text(json.dumps(data))
+    text = (loop / "slime.yaml").read_text()
+    assert f"shopsim_environment_base_url: {demo.shopsim.url}\n" in text
+    (loop / "slime.yaml").write_text(text.replace(demo.shopsim.url, "http://127.0.0.1:1"))
     assert len(commands.port_mismatches(demo, loop)) == 1
 
 

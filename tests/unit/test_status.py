@@ -221,7 +221,7 @@ def test_human_view_mid_campaign() -> None:
     out = dict(snapshot(), daemon={"alive": True, "pid": 4242, "last_seen": NOW - 1, "started_at": NOW - 7380})
     text = human(out)
     assert "daemon     alive (pid 4242, up 2h03m)" in text
-    assert "TRAIN  round 3/5 (round-002)" in text
+    assert "TRAIN  round-002 (3 of 5)" in text
     assert re.search(r"█+░+ 12/20  60%  41\.2 s/step  ETA 5m30s", text)
     assert "iteration 59, 2m05s ago, 52.9 GiB" in text
     assert "free 612 GiB of 2.0 TiB  (soft 64.0 GiB, hard 10.0 GiB)  12.3M inodes free  [ok]" in text
@@ -352,7 +352,7 @@ def test_terminal_view_uses_rich_and_honours_no_color(campaign: tuple[Path, Path
     if no_color:
         env["NO_COLOR"] = "1"
     text = _run_in_pty([sys.executable, "-m", "shoprld.daemon.cli", "status", "-c", str(cfg)], env)
-    assert "round 3/5 (round-002)" in text and "stop condition not yet met" in text
+    assert "round-002 (3 of 5)" in text and "stop condition not yet met" in text
     assert bool(_color_codes(text)) is not no_color
 
 
@@ -390,3 +390,23 @@ def test_watch_refreshes_until_ctrl_c(campaign: tuple[Path, Path], as_json: bool
         assert {f["step"] for f in frames} >= {3, 17}
     else:
         assert text.count("campaign   demo") >= 2 and "3/20" in text and "17/20" in text
+
+
+def test_shopsim_is_not_shown_healthy_once_the_campaign_ended() -> None:
+    """After DONE (or a park, stop or failure) the last health check is history, not "healthy"."""
+    for state in ("DONE", "FAILED", "PAUSED_DISK"):
+        out = dict(snapshot(), state=state, daemon={"alive": False, "pid": 4242, "last_seen": NOW - 5})
+        text = human(out)
+        line = next(ln for ln in text.splitlines() if ln.startswith("shopsim"))
+        assert "healthy" not in line and f"not running (stopped with the campaign, {state})" in line
+    dead = dict(snapshot(), daemon={"alive": False, "pid": 4242, "last_seen": NOW - 5})
+    assert "unknown (the daemon is not running)" in human(dead)
+
+
+def test_plan_line_shows_the_campaign_eta_and_whether_the_next_round_fits() -> None:
+    """status shows the campaign ETA and a NO when the next round does not fit the deadline or the disk."""
+    plan = {"median_round_seconds": 3600.0, "campaign_eta_seconds": 9000.0, "next_round": 3,
+            "fits_deadline": False, "fits_disk": True}
+    out = dict(snapshot(), plan=plan, daemon={"alive": True, "pid": 4242, "last_seen": NOW - 1, "started_at": NOW - 9})
+    assert "plan       campaign ETA 2h30m  (~1h00m a round)  next round-003 (4 of 5) fits: deadline NO, disk yes" \
+        in human(out)

@@ -1,0 +1,103 @@
+"""Prometheus metrics as a node_exporter textfile (``[metrics] textfile = "PATH"``).
+
+The engine calls :meth:`TextfileMetrics.write` with the status document at every status
+update; prometheus-client's ``write_to_textfile`` writes a temp file beside PATH and renames
+it, so node_exporter never reads half a file. prometheus-client is the optional extra
+``shoprld[metrics]``; :func:`extras_problem` turns its absence into one config line at
+``check`` and ``run``. A failed write is logged and never stops the campaign.
+
+Metrics (all gauges, labelled ``campaign``)::
+
+    shoprld_state{state}                    1 for the current state, 0 for the others
+    shoprld_round                           the 0-based round index
+    shoprld_step                            the step within the round
+    shoprld_step_seconds                    the median step time (NaN before the first)
+    shoprld_eta_seconds                     the rest of this round's TRAIN
+    shoprld_disk_free_bytes                 free bytes on the volume
+    shoprld_last_checkpoint_iteration       the newest complete checkpoint
+    shoprld_restarts_total                  automatic restarts (stage retries, daemon resumes)
+    shoprld_stalls_total                    trainer stalls detected
+    shoprld_round_metric{round}             each finished round's val metric
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("shoprld.metrics")
+
+STATES = ("PREFLIGHT_DISK", "START_SHOPSIM", "TRAIN", "EXPORT_HF", "VAL", "GATE", "INJECT", "NEXT_ROUND",
+          "PAUSED_DISK", "STOPPED", "FAILED", "DONE")
+NAN = float("nan")
+
+
+def extras_problem(textfile: Path | None) -> str | None:
+    """One line when ``metrics.textfile`` is set but prometheus-client is not installed."""
+    if textfile is None:
+        return None
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return (f"metrics.textfile = {textfile}: needs the prometheus-client package; "
+                f"fix: pip install 'shoprld[metrics]', or remove metrics.textfile")
+    return None
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else NAN
+
+
+class TextfileMetrics:
+    """Writes the status document as a node_exporter textfile at ``path``."""
+
+    def __init__(self, path: Path, campaign: str) -> None:
+        self.path, self.campaign = path, campaign
+
+    def render(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> Any:
+        """The registry for one status document (exposed for tests)."""
+        from prometheus_client import CollectorRegistry, Gauge
+
+        reg = CollectorRegistry()
+        c = {"campaign": self.campaign}
+
+        def gauge(name: str, help_: str, value: float, **labels: str) -> None:
+            g = Gauge(name, help_, ["campaign", *labels], registry=reg)
+            g.labels(**c, **labels).set(value)
+
+        state = Gauge("shoprld_state", "1 for the engine's current state", ["campaign", "state"], registry=reg)
+        for s in STATES:
+            state.labels(**c, state=s).set(1.0 if doc.get("state") == s else 0.0)
+        gauge("shoprld_round", "the 0-based round index", _num(doc.get("round")))
+        gauge("shoprld_step", "the step within this round", _num(doc.get("step")))
+        gauge("shoprld_step_seconds", "the median step time", _num(doc.get("step_seconds")))
+        gauge("shoprld_eta_seconds", "seconds left in this round's TRAIN", _num(doc.get("eta_seconds")))
+        disk = doc.get("disk") if isinstance(doc.get("disk"), dict) else {}
+        gauge("shoprld_disk_free_bytes", "free bytes on the volume", _num(disk.get("free_bytes")))
+        last = doc.get("last_checkpoint") if isinstance(doc.get("last_checkpoint"), dict) else {}
+        gauge("shoprld_last_checkpoint_iteration", "the newest complete checkpoint's iteration",
+              _num(last.get("iteration")))
+        # Gauges named *_total: they survive daemon restarts through state.json, which a
+        # Counter's process-local semantics would not describe.
+        gauge("shoprld_restarts_total", "automatic restarts (stage retries and daemon resumes)",
+              float(counters.get("restarts", 0)))
+        gauge("shoprld_stalls_total", "trainer stalls detected", float(counters.get("stalls", 0)))
+        metric = Gauge("shoprld_round_metric", "each finished round's val metric", ["campaign", "round"],
+                       registry=reg)
+        for r in doc.get("rounds_done") or []:
+            if isinstance(r, dict) and isinstance(r.get("round"), int):
+                metric.labels(**c, round=str(r["round"])).set(_num(r.get("val")))
+        return reg
+
+    def write(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> None:
+        """Write the textfile atomically (temp + rename); never raises."""
+        try:
+            from prometheus_client import write_to_textfile
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_to_textfile(str(self.path), self.render(doc, counters))
+        except Exception as exc:  # ImportError, OSError: metrics must never stop the campaign
+            log.warning("metrics.write_failed", path=str(self.path), error=f"{type(exc).__name__}: {exc}")

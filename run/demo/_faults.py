@@ -1,0 +1,60 @@
+"""Contract-deviation knobs of the ShopSimRL tools stand-in, for `shoprld rehearse`'s tests.
+
+Each knob is inactive unless its env var is set; COMMAND is a subcommand name as typed
+(`check`, `watch-analyze`, `analyze`, `online-gate`, `build-curriculum`, `run`, `emit`):
+
+- DEMO_FAULT_ONE_LINE=COMMAND            its JSON payload is printed on one line, not indented;
+- DEMO_FAULT_DROP_KEY=COMMAND:KEY        its printed payload lacks KEY;
+- DEMO_FAULT_FILE_DROP=FILENAME:A.B      every FILENAME this process wrote under runs/ lacks A.B;
+- DEMO_FAULT_EXIT=COMMAND:CODE           it exits CODE instead of its own exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _knob(name: str, command: str) -> str | None:
+    """The knob's argument when it names ``command`` ('' when it takes none), else None."""
+    raw = os.environ.get(name, "")
+    head, _, rest = raw.partition(":")
+    return rest if raw and head == command else None
+
+
+def payload_text(command: str, payload: dict[str, Any]) -> str:
+    """How ``command`` prints ``payload``: indented (the real tools), unless a knob says otherwise."""
+    drop = _knob("DEMO_FAULT_DROP_KEY", command)
+    if drop:
+        payload = {k: v for k, v in payload.items() if k != drop}
+    if _knob("DEMO_FAULT_ONE_LINE", command) is not None:
+        return json.dumps(payload, ensure_ascii=False, default=str)
+    return json.dumps(payload, ensure_ascii=False, indent=2, default=str)
+
+
+def after(command: str, rc: int, started: float) -> int:
+    """Apply DEMO_FAULT_FILE_DROP and DEMO_FAULT_EXIT once ``command`` has finished."""
+    spec = os.environ.get("DEMO_FAULT_FILE_DROP", "")
+    if spec and ":" in spec:
+        name, dotted = spec.split(":", 1)
+        root = Path(os.environ.get("SHOPSIMRL_PROJECT_ROOT") or ".") / "runs"
+        for path in root.rglob(name) if root.is_dir() else ():
+            if path.stat().st_mtime < started:
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+            cur, *parts = dotted.split(".")
+            node = data
+            for part in parts:
+                node, cur = node.get(cur, {}), part
+            if isinstance(node, dict):
+                node.pop(cur, None)
+            path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    code = _knob("DEMO_FAULT_EXIT", command)
+    return int(code) if code else rc
+
+
+def now() -> float:
+    return time.time() - 1.0  # mtime granularity: a file written in this second counts

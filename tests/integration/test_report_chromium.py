@@ -1,0 +1,151 @@
+"""The campaign report in a real headless Chromium (issue 18, item 3). Slow: run by .ci/run.
+
+A two-round demo campaign with a fault (the daemon SIGKILLs itself in round 1's TRAIN, and a
+second ``shoprld run`` resumes it) is reported with ``shoprld report``; then Debian's
+``chromium`` (no CDP, plain flags) loads the page:
+
+- with ``--enable-logging=stderr``: no ``CONSOLE`` line (the page has no script; any console
+  message is an error such as a blocked resource);
+- with ``--log-net-log``: the page requested nothing but its own file (Chromium's own
+  background calls to its update and account services are filtered out by host);
+- one screenshot per plot (``report.html#plot-NAME`` shows that plot alone, by CSS
+  ``:target``): the plot region holds coloured (saturated) pixels, which axes, ticks and
+  labels (black and grey) never are, so an empty plot fails.
+
+Each detector is checked against a page built to trip it, so none passes vacuously.
+``SHOPRLD_REPORT_SHOTS=DIR`` keeps the screenshots in DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shoprld.daemon import report
+from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, make_tree, run_daemon
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Chromium's own background traffic (component updates, time, accounts); never the page's.
+CHROMIUM_OWN = re.compile(r"^https?://([^/]*\.)?(google\.com|googleapis\.com|gvt1\.com|gstatic\.com)(/|$)")
+MIN_COLOURED = 400  # saturated pixels a plot must hold
+
+
+def _chromium(url: str, png: Path, tmp: Path, *, size: str = "1100,800") -> tuple[str, list[str]]:
+    """Load ``url`` headless; returns (stderr, every URL the network log saw)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    netlog = tmp / f"{png.stem}.netlog.json"
+    profile = tmp / f"{png.stem}.profile"
+    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+            f"--log-net-log={netlog}", f"--window-size={size}", f"--screenshot={png}", url]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert png.exists(), f"no screenshot ({res.returncode}): {res.stderr[-2000:]}"
+    urls = re.findall(r'"url":"([^"]+)"', netlog.read_text(errors="replace")) if netlog.exists() else []
+    return res.stderr, urls
+
+
+def _console_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ":CONSOLE" in ln]
+
+
+def _page_requests(urls: list[str], page: str) -> list[str]:
+    return sorted({u for u in urls if not CHROMIUM_OWN.match(u) and u.split("#")[0] != page})
+
+
+def _coloured(png: Path) -> int:
+    from PIL import Image
+
+    raw = Image.open(png).convert("RGB").tobytes()
+    return sum(1 for i in range(0, len(raw), 3) if max(raw[i:i + 3]) - min(raw[i:i + 3]) > 60)
+
+
+@pytest.fixture(scope="module")
+def faulted_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("matplotlib")
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    root = tmp_path_factory.mktemp("rep")
+    campaign = make_tree(root, rounds=2)
+    kill_dir = root / "kill"
+    kill_dir.mkdir()
+    try:
+        first = run_daemon(campaign, env={"SHOPRLD_TEST_KILL": "TRAIN:mid:1", "SHOPRLD_TEST_KILL_DIR": str(kill_dir)})
+        assert first.returncode == -9, first.stderr[-2000:]
+        second = run_daemon(campaign)
+        assert second.returncode == 0, second.stderr[-2000:]
+    finally:
+        kill_tree_leftovers(root)
+    assert any(r["event"] == "transition" and r.get("trigger") == "resume" for r in journal(root))
+    out = root / "report.html"
+    res = subprocess.run([*SHOPRLD, "report", "-c", str(campaign), "-o", str(out)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == f"wrote {out}", res.stderr
+    return out
+
+
+def _keep(png: Path) -> None:
+    dest = os.environ.get("SHOPRLD_REPORT_SHOTS")
+    if dest:
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(dest) / png.name)
+
+
+def test_page_loads_with_no_console_message_and_no_request(faulted_report: Path, tmp_path: Path) -> None:
+    """The whole report renders in Chromium with no console message and fetches nothing."""
+    url = faulted_report.as_uri()
+    png = tmp_path / "report-full.png"
+    stderr, urls = _chromium(url, png, tmp_path, size="1200,3200")
+    _keep(png)
+    assert _console_lines(stderr) == []
+    assert _page_requests(urls, url) == []
+    assert _coloured(png) > 4 * MIN_COLOURED
+    page = faulted_report.read_text()
+    assert "daemon crash (resumed)" in page  # the fault is on the timeline
+
+
+@pytest.mark.parametrize("plot", report.PLOTS)
+def test_every_plot_is_present_and_not_empty_in_a_screenshot(faulted_report: Path, tmp_path: Path,
+                                                             plot: str) -> None:
+    """Each plot, shown alone, holds coloured pixels: data, not only axes and labels."""
+    png = tmp_path / f"report-plot-{plot}.png"
+    stderr, _ = _chromium(f"{faulted_report.as_uri()}#plot-{plot}", png, tmp_path, size="1100,700")
+    _keep(png)
+    assert _console_lines(stderr) == []
+    assert _coloured(png) >= MIN_COLOURED, f"{plot}: looks empty"
+
+
+def test_the_detectors_trip_on_pages_built_to_trip_them(tmp_path: Path) -> None:
+    """A console.error, an external image and an empty plot are each caught: the checks can fail."""
+    pytest.importorskip("matplotlib")
+    noisy = tmp_path / "noisy.html"
+    noisy.write_text('<!DOCTYPE html><html><body><img src="http://127.0.0.1:9/x.png">'
+                     '<script>console.error("shoprld-canary")</script></body></html>')
+    stderr, urls = _chromium(noisy.as_uri(), tmp_path / "noisy.png", tmp_path, size="400,300")
+    assert any("shoprld-canary" in ln for ln in _console_lines(stderr))
+    assert _page_requests(urls, noisy.as_uri()) == ["http://127.0.0.1:9/x.png"]
+    empty = report.ReportData(campaign="c", experiment="e", rounds=2, state="TRAIN")
+    page = tmp_path / "empty.html"
+    page.write_text(report.render(empty))
+    for plot in report.PLOTS:
+        png = tmp_path / f"empty-{plot}.png"
+        _chromium(f"{page.as_uri()}#plot-{plot}", png, tmp_path, size="1100,700")
+        assert _coloured(png) < MIN_COLOURED, f"{plot}: an empty plot passed as non-empty"
+
+
+def test_journal_is_what_the_report_read(faulted_report: Path) -> None:
+    """The report's data match the journal: both rounds done, one crash, the free-disk series."""
+    data = report.gather(faulted_report.parent / "campaign.toml")
+    assert [r["round"] for r in data.rounds_done] == [0, 1]
+    assert [k for _, _, k, _ in data.marks] == ["crash"]
+    assert len(data.disk) > 5 and sorted(data.step_seconds) == [0, 1]
+    assert json.dumps(data.environment)  # plain strings only

@@ -1,0 +1,95 @@
+"""Failure causes: every row of daemon/causes.py's table, on realistic log lines."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoprld.daemon import causes
+from shoprld.daemon.causes import PATTERNS, classify, last_exception
+
+# (cause, a realistic log tail). Every row of PATTERNS has at least one (checked below).
+CASES = [
+    (causes.CUDA_OOM, "  File \"megatron/core/tensor_parallel/layers.py\", line 812, in forward\n"
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+     "79.33 GiB of which 1.12 GiB is free. Process 4121 has 78.20 GiB memory in use.\n"),
+    (causes.CUDA_OOM, "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n"),
+    (causes.CUDA_OOM, "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB\n"),
+    (causes.NCCL_TIMEOUT, "[rank3]:[E1201 03:12:44.512 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "
+     "operation timeout: WorkNCCL(SeqNum=18422, OpType=ALLREDUCE, NumelIn=1, Timeout(ms)=600000) ran for 600071 "
+     "milliseconds before timing out.\n"),
+    (causes.NCCL_TIMEOUT, "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+     "process exited or there was a network error, NCCL version 2.21.5\n"),
+    (causes.ENOSPC, "OSError: [Errno 28] No space left on device: '/ephemeral/x/checkpoints/iter_0000020/__0_0.distcp'\n"),
+    (causes.ENOSPC, "RuntimeError: [enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing "
+     "file data/12: file write failed\nerrno: 28\n"),
+    (causes.AF_UNIX_PATH, "OSError: AF_UNIX path too long\n"),
+    (causes.AF_UNIX_PATH, "ray.exceptions: ValueError: AF_UNIX path length cannot exceed 107 bytes: "
+     "'/ephemeral/very/long/ray/session_2026/sockets/plasma_store'\n"),
+    (causes.SHOPSIM_UNREACHABLE, "httpx.ConnectError: [Errno 111] Connection refused (http://127.0.0.1:5700/reset)\n"),
+    (causes.SHOPSIM_UNREACHABLE, "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host "
+     "127.0.0.1:5700 ssl:default [Connect call failed ('127.0.0.1', 5700)]\n"),
+    (causes.SHOPSIM_UNREACHABLE, "WARNING shopsim_client: ShopSim at http://127.0.0.1:5700 unreachable after 5 tries\n"),
+    (causes.SGLANG_DIED, "[2026-12-01 03:14:07] Rank 0 scheduler is dead. Please check if there are relevant logs.\n"),
+    (causes.SGLANG_DIED, "[2026-12-01 03:14:07] Received sigquit from a child process. It usually means the child "
+     "failed.\n"),
+]
+
+
+@pytest.mark.parametrize(("name", "tail"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_each_pattern_recognises_its_realistic_lines(name: str, tail: str) -> None:
+    """Each table row classifies the log lines its failure really prints."""
+    cause = classify(exit_status=1, log_tail="rollout 11/20 step_time=0.19\n" + tail)
+    assert cause.name == name
+    assert cause.detail and cause.advice
+
+
+def test_every_table_row_has_a_case() -> None:
+    """The table and its tests stay in step: a new row without a realistic line fails here."""
+    assert {p.name for p in PATTERNS} <= {n for n, _ in CASES}
+
+
+def test_inotify_watch_limit_is_not_a_full_disk() -> None:
+    """`[Errno 28] inotify watch limit reached` is ENOSPC from the kernel, not a full disk."""
+    tail = "OSError: [Errno 28] inotify watch limit reached\n"
+    assert classify(exit_status=1, log_tail=tail).name != causes.ENOSPC
+
+
+def test_oom_beats_the_python_exception_it_raised() -> None:
+    """A traceback ending in the OOM is a cuda_oom, not a generic python_exception."""
+    tail = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    assert classify(exit_status=1, log_tail=tail).name == causes.CUDA_OOM
+
+
+def test_python_exception_reports_its_last_line() -> None:
+    """An unrecognised traceback is a python_exception whose detail is its last line."""
+    tail = ("rollout 3/20\nTraceback (most recent call last):\n  File \"slime/rollout.py\", line 88, in generate\n"
+            "    sample = batch[\"prompt\"]\nKeyError: 'prompt'\n[rank0] exiting\n")
+    cause = classify(exit_status=1, log_tail=tail)
+    assert (cause.name, cause.detail) == (causes.PYTHON_EXCEPTION, "KeyError: 'prompt'")
+    assert last_exception("no traceback here\nValueError: x\n") is None
+
+
+def test_gpu_xid_comes_from_the_kernel_log() -> None:
+    """An Xid in the kernel log names the GPU fault; the same text in no kernel log does not."""
+    kmsg = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4121, name=python, GPU has fallen off the bus.\n"
+    cause = classify(exit_status=-9, log_tail="rollout 4/20\n", kernel_log=kmsg)
+    assert cause.name == causes.GPU_XID and "79" in cause.detail
+    assert classify(exit_status=-9, log_tail="rollout 4/20\n").name == causes.UNKNOWN
+
+
+def test_unknown_says_the_exit_status_and_a_stall_says_it_stalled() -> None:
+    """Nothing recognisable: unknown, with the exit status, or the stall."""
+    assert classify(exit_status=3, log_tail="rollout 4/20\n").detail == "exit status 3"
+    assert "stalled" in classify(exit_status=None, log_tail="", stalled=True).detail
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=2000), st.one_of(st.none(), st.integers(-255, 255)), st.booleans(), st.text(max_size=300))
+def test_classify_never_raises_on_any_log(tail: str, status: int | None, stalled: bool, kmsg: str) -> None:
+    """Whatever a child printed, classification returns a known cause with a one-line detail."""
+    cause = classify(exit_status=status, log_tail=tail, stalled=stalled, kernel_log=kmsg)
+    known = {p.name for p in PATTERNS} | {causes.GPU_XID, causes.PYTHON_EXCEPTION, causes.UNKNOWN}
+    assert cause.name in known and "\n" not in cause.detail
