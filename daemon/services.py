@@ -36,6 +36,7 @@ rounds: ``/release_memory_occupation`` during TRAIN, ``/update_weights_from_disk
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,16 @@ def _host_port(url: str, default: int) -> tuple[str, int]:
 CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
 # The supervisor's /healthz refresh (status shows free_slots and environment_slots).
 HEALTH_INTERVAL = 5.0
+# How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
+# (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
+def _supervise_interval() -> float:
+    try:
+        return max(0.05, float(os.environ.get("SHOPRLD_TEST_SUPERVISE_INTERVAL") or 1.0))
+    except ValueError:
+        return 1.0
+
+
+SUPERVISE_INTERVAL = _supervise_interval()
 # The file the real service appends every request to, in its cwd (start.sh cds into shop_env).
 SERVICE_LOG = "shop_agent.log"
 
@@ -297,7 +308,7 @@ class ShopsimService:
                 f"then run shoprld again")
         return await self.restart(ctx, f"{short} slots still leased after two release_all {reason}")
 
-    async def supervise(self, ctx_factory: Any, interval: float = 1.0,
+    async def supervise(self, ctx_factory: Any, interval: float = SUPERVISE_INTERVAL,
                         health_interval: float = HEALTH_INTERVAL) -> None:
         """Restart ShopSim with backoff whenever the child we started dies; refresh the health
         (``free_slots``, ``environment_slots``) every ``health_interval`` seconds for ``status``."""

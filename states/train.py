@@ -81,6 +81,13 @@ async def run(ctx: RoundContext) -> Outcome:
         problem = await ctx.shopsim.wait_ready(ctx, before="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
+        # Settle again now that ShopSim is back: the supervisor (one look a second) may have
+        # found it dead only after the settle above (the trainer exits on refused connections
+        # at once, and TRAIN's retry is quicker than that look). Left marked, the outage would
+        # freeze the witness, and every checkpoint this trainer saves against the live, restarted
+        # ShopSim would be rolled back and retrained at the end of TRAIN (a whole round).
+        if await ctx.shopsim.settle_outage(ctx):
+            _repair_tracker(ctx)
         problem = await gpus.ensure_free(ctx, "trainer")  # no straggler of an earlier stage on the GPUs
         if problem:
             return Outcome.retry(problem)

@@ -128,3 +128,39 @@ def test_sigkill_of_shopsim_in_train_no_trainer_starts_while_it_is_down(tmp_path
     assert not early, f"trainer started while ShopSim was down: {early}"
     assert [r for r in recs if r["event"] == "stage.spawn" and r.get("role") == "trainer"
             and float(r["t"]) >= t_back], "the trainer was never relaunched"
+
+
+def test_a_death_the_supervisor_sees_late_rolls_back_nothing_trained_after_the_restart(tmp_path: Path) -> None:
+    """The trainer notices a dead ShopSim first (refused connections: it exits at once) and
+    TRAIN's retry reaches its outage settle before the supervisor's next look (slowed to 3 s
+    by the test seam, as it happened against the real service with the 1 s look). The outage
+    the supervisor marks then must be settled before the new trainer starts: no checkpoint
+    committed after ShopSim answered ready again is ever rolled back (before the fix, the whole
+    retrained round was deleted and trained a third time)."""
+    campaign = make_tree(tmp_path, rounds=1)
+    daemon = start_daemon(campaign, env={"SHOPRLD_TEST_SUPERVISE_INTERVAL": "3"})
+    try:
+        wait_for(lambda: _in_train_with_trainer(tmp_path) and _child_pid(tmp_path, "shopsim") is not None,
+                 120, "TRAIN with a trainer and ShopSim")
+        pid = _child_pid(tmp_path, "shopsim")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        out, _ = daemon.communicate(timeout=240)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert daemon.returncode == 0, out[-3000:]
+    assert status(tmp_path)["state"] == "DONE"
+    recs = journal(tmp_path)
+    died = [r for r in recs if r["event"] == "shopsim.died"]
+    assert died and died[0]["returncode"] == -signal.SIGKILL, died
+    t_back = min(float(r["t"]) for r in recs if r["event"] == "shopsim.ready" and float(r["t"]) > float(died[0]["t"]))
+    committed: dict[int, float] = {}
+    for r in recs:
+        if r["event"] == "checkpoint.committed":
+            committed[int(r["iteration"])] = float(r["t"])  # type: ignore[arg-type]
+        elif r["event"] == "checkpoint.rollback":
+            late = [i for i in r["iterations"] if committed.get(int(i), 0.0) > t_back]  # type: ignore[union-attr]
+            assert not late, f"rolled back checkpoints trained against the restarted ShopSim: {r}"
+    trainers = [r for r in recs if r["event"] == "stage.spawn" and r.get("role") == "trainer"]
+    assert len([r for r in trainers if float(r["t"]) > t_back]) == 1, trainers  # relaunched once, not twice
