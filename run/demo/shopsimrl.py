@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import _common as c
+import _faults  # DEMO_FAULT_* contract-deviation knobs (rehearse's tests); inert unless set
 
 PROG = "shopsimrl"
 MAX_ATTEMPTS = 3  # per episode, counted over ALL records in traces.jsonl
@@ -89,9 +90,12 @@ def log(msg: str) -> None:
     print(f"{PROG}: {msg}", flush=True)
 
 
+_COMMAND = [""]  # the subcommand running, for the DEMO_FAULT_* knobs
+
+
 def print_payload(payload: dict[str, Any]) -> None:
     """How every real `training …` subcommand prints its result: once, at the end, indented."""
-    print(json.dumps(payload, ensure_ascii=False, indent=2, default=str), flush=True)
+    print(_faults.payload_text(_COMMAND[0], payload), flush=True)
 
 
 _PLAIN = __import__("re").compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./@+:-]*$")
@@ -268,6 +272,7 @@ def cmd_build_curriculum(a: argparse.Namespace) -> int:
     payload = build_curriculum(a.skillbank, a.round_id, a.seed, a.skill_free_probability, a.rho_min, a.rho_max)
     c.atomic_write_json(a.out, payload)
     log(f"wrote curriculum {a.out} ({len(payload['chunks'])} chunks, state {payload['state_id'][:12]})")
+    print_payload(payload)  # the real build-curriculum prints the state, indented (contract §8)
     return 0
 
 
@@ -1056,7 +1061,9 @@ def main() -> int:
     args = build_parser().parse_args(sys.argv[1:])
     if getattr(args, "wandb", False) and args.wandb_mode != "disabled" and not os.environ.get("WANDB_API_KEY"):
         log("warning: --wandb given but WANDB_API_KEY is not set; not logging to W&B")
-    return int(args.fn(args))
+    _COMMAND[0] = args.training_cmd if args.cmd == "training" else args.cmd
+    started = _faults.now()
+    return _faults.after(_COMMAND[0], int(args.fn(args)), started)
 
 
 if __name__ == "__main__":
