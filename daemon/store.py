@@ -83,14 +83,14 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        _no_looser(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            _no_looser(fd, mode)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # a full disk mid-write too: no temp file is left behind
         tmp.unlink(missing_ok=True)
         raise
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)

@@ -99,7 +99,8 @@ def write_template(path: Path, *, force: bool = False) -> None:
     """
     import os
     import stat
-    import tempfile
+
+    from .store import atomic_write
 
     try:
         st = os.stat(path)
@@ -114,21 +115,10 @@ def write_template(path: Path, *, force: bool = False) -> None:
             raise ConfigError(f"{path}: exists and is not a regular file; fix: choose a path for a new file")
         if not force:
             raise ConfigError(f"{path}: already exists; fix: choose another path or pass --force")
-    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(TEMPLATE)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600: a template holds no secret, and is meant to be shared
-        os.replace(tmp, path)
-        tmp = None
+        # 0644: a template holds no secret, and is meant to be shared.
+        atomic_write(path, TEMPLATE.encode(), mode=0o644)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the template ({exc.strerror}); "
                           "fix: choose a writable path") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

@@ -576,3 +576,78 @@ def policy_action(instruction: str, state: dict[str, Any], key: str, step: int, 
         value = named[0] if named and roll < skill else values[int(unit("option", key, step) * len(values))]
         return f"click[{axis}={value}]"
     return None
+
+
+# ---------------------------------------------------------------- the tools' block YAML
+# One reader for the stand-ins (shopsimrl.py, slime_train.py): what the real tools read with PyYAML.
+
+def parse_scalar(t: str) -> Any:
+    t = t.strip()
+    if t in ("", "null", "~", "Null", "NULL"):
+        return None
+    if t in ("true", "True"):
+        return True
+    if t in ("false", "False"):
+        return False
+    if t == "{}":
+        return {}
+    if t == "[]":
+        return []
+    if t.startswith('"'):
+        return json.loads(t)
+    if t.startswith("'") and t.endswith("'") and len(t) >= 2:
+        return t[1:-1].replace("''", "'")
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_yaml(text: str) -> dict[str, Any]:
+    """The block YAML the emitters write (nested mappings, scalars, lists of scalars)."""
+    root: dict[str, Any] = {}
+    stack: list[tuple[int, Any]] = [(-1, root)]
+    last_key: tuple[dict[str, Any], str] | None = None
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#") or raw.strip() == "---":
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        line = raw.strip()
+        if line.startswith("- "):
+            if last_key is None:
+                raise ValueError(f"a list item with no key: {raw!r}")
+            d, k = last_key
+            if not isinstance(d[k], list):
+                d[k] = []
+            d[k].append(parse_scalar(line[2:]))
+            continue
+        while stack and indent <= stack[-1][0]:
+            stack.pop()
+        key, sep, rest = line.partition(":")
+        if not sep:
+            raise ValueError(f"not a mapping line: {raw!r}")
+        parent = stack[-1][1]
+        key = key.strip().strip('"')
+        if rest.strip():
+            parent[key] = parse_scalar(rest)
+        else:
+            parent[key] = {}
+            stack.append((indent, parent[key]))
+        last_key = (parent, key)
+    return root
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A tool config (the emitted YAMLs): block YAML (PyYAML when installed), or JSON."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml  # the real tools read these with PyYAML
+    except ImportError:
+        data: Any = json.loads(text) if text.lstrip().startswith("{") else parse_yaml(text)
+    else:
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a mapping")
+    return data

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import _common as c
+import _faults  # DEMO_FAULT_* contract-deviation knobs (rehearse's tests); inert unless set
 
 PROG = "shopsimrl"
 MAX_ATTEMPTS = 3  # per episode, counted over ALL records in traces.jsonl
@@ -89,9 +90,12 @@ def log(msg: str) -> None:
     print(f"{PROG}: {msg}", flush=True)
 
 
+_COMMAND = [""]  # the subcommand running, for the DEMO_FAULT_* knobs
+
+
 def print_payload(payload: dict[str, Any]) -> None:
     """How every real `training …` subcommand prints its result: once, at the end, indented."""
-    print(json.dumps(payload, ensure_ascii=False, indent=2, default=str), flush=True)
+    print(_faults.payload_text(_COMMAND[0], payload), flush=True)
 
 
 _PLAIN = __import__("re").compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./@+:-]*$")
@@ -105,7 +109,7 @@ def _yaml_scalar(v: Any) -> str:
     if isinstance(v, (int, float)):
         return json.dumps(v)
     text = str(v)
-    if _PLAIN.match(text) and _parse_scalar(text) == text:
+    if _PLAIN.match(text) and c.parse_scalar(text) == text:
         return text
     return json.dumps(text)  # a JSON string is a YAML double-quoted scalar
 
@@ -125,78 +129,6 @@ def dump_yaml(obj: dict[str, Any], indent: int = 0) -> str:
         else:
             out.append(f"{pad}{k}: {_yaml_scalar(v)}\n")
     return "".join(out)
-
-
-def _parse_scalar(t: str) -> Any:
-    t = t.strip()
-    if t in ("", "null", "~", "Null", "NULL"):
-        return None
-    if t in ("true", "True"):
-        return True
-    if t in ("false", "False"):
-        return False
-    if t == "{}":
-        return {}
-    if t == "[]":
-        return []
-    if t.startswith('"'):
-        return json.loads(t)
-    if t.startswith("'") and t.endswith("'") and len(t) >= 2:
-        return t[1:-1].replace("''", "'")
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    return t
-
-
-def parse_yaml(text: str) -> dict[str, Any]:
-    """The block YAML the emitters write (nested mappings, scalars, lists of scalars)."""
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, Any]] = [(-1, root)]
-    last_key: tuple[dict[str, Any], str] | None = None
-    for raw in text.splitlines():
-        if not raw.strip() or raw.lstrip().startswith("#") or raw.strip() == "---":
-            continue
-        indent = len(raw) - len(raw.lstrip(" "))
-        line = raw.strip()
-        if line.startswith("- "):
-            if last_key is None:
-                raise ValueError(f"a list item with no key: {raw!r}")
-            d, k = last_key
-            if not isinstance(d[k], list):
-                d[k] = []
-            d[k].append(_parse_scalar(line[2:]))
-            continue
-        while stack and indent <= stack[-1][0]:
-            stack.pop()
-        key, sep, rest = line.partition(":")
-        if not sep:
-            raise ValueError(f"not a mapping line: {raw!r}")
-        parent = stack[-1][1]
-        key = key.strip().strip('"')
-        if rest.strip():
-            parent[key] = _parse_scalar(rest)
-        else:
-            parent[key] = {}
-            stack.append((indent, parent[key]))
-        last_key = (parent, key)
-    return root
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A tool config (the emitted YAMLs): block YAML (PyYAML when installed), or JSON."""
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        import yaml  # the real tools read these with PyYAML
-    except ImportError:
-        data: Any = json.loads(text) if text.lstrip().startswith("{") else parse_yaml(text)
-    else:
-        data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a mapping")
-    return data
 
 
 # ---------------------------------------------------------------- skillbanks and curricula
@@ -268,6 +200,7 @@ def cmd_build_curriculum(a: argparse.Namespace) -> int:
     payload = build_curriculum(a.skillbank, a.round_id, a.seed, a.skill_free_probability, a.rho_min, a.rho_max)
     c.atomic_write_json(a.out, payload)
     log(f"wrote curriculum {a.out} ({len(payload['chunks'])} chunks, state {payload['state_id'][:12]})")
+    print_payload(payload)  # the real build-curriculum prints the state, indented (contract §8)
     return 0
 
 
@@ -325,7 +258,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
 
 def check_payload(config: str, task_data: str) -> dict[str, Any]:
     """The real `training check`'s payload (contracts/shopsimrl-tools.md §3.2), or an exception."""
-    cfg = load_config_file(config)
+    cfg = c.load_config_file(config)
     for key in ("shopsim_environment_base_url", "shopsim_skillbank_path", "shopsim_curriculum_path",
                 "shopsim_training_output_dir"):
         if not cfg.get(key):
@@ -447,7 +380,7 @@ class CardStore:
 
 
 def analysis_spec(path: str) -> dict[str, Any]:
-    cfg = load_config_file(path)
+    cfg = c.load_config_file(path)
     oa = cfg.get("online_analysis") if isinstance(cfg, dict) else None
     if not isinstance(oa, dict):
         raise c.DemoError(f"{path}: config must contain an online_analysis mapping")
@@ -691,7 +624,7 @@ def mean_sem(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def val_setup(cfg_path: str) -> tuple[dict[str, Any], Servers, list[int]]:
-    cfg = load_config_file(cfg_path)
+    cfg = c.load_config_file(cfg_path)
     try:
         exp, model, env = cfg["experiment"], cfg["model"], cfg["environment"]
         raw = (cfg.get("tasks") or {}).get("sample_size")
@@ -847,7 +780,7 @@ def cmd_online_gate(a: argparse.Namespace) -> int:
     completed; unpaired episodes are DROPPED, and the gate is still complete. `incomplete` (exit
     1) only when the estimate cannot be made (no completed pair). The served weights are not
     checked: the real gate compares only `checkpoint_id` labels."""
-    cfg = load_config_file(a.config)
+    cfg = c.load_config_file(a.config)
     g = cfg.get("online_gate") if isinstance(cfg, dict) else None
     if not isinstance(g, dict):
         raise ValueError(f"{a.config}: config must contain an online_gate mapping")
@@ -1056,7 +989,9 @@ def main() -> int:
     args = build_parser().parse_args(sys.argv[1:])
     if getattr(args, "wandb", False) and args.wandb_mode != "disabled" and not os.environ.get("WANDB_API_KEY"):
         log("warning: --wandb given but WANDB_API_KEY is not set; not logging to W&B")
-    return int(args.fn(args))
+    _COMMAND[0] = args.training_cmd if args.cmd == "training" else args.cmd
+    started = _faults.now()
+    return _faults.after(_COMMAND[0], int(args.fn(args)), started)
 
 
 if __name__ == "__main__":

@@ -219,35 +219,11 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
 # ---------------------------------------------------------------- rollouts
 
 def read_custom_config(path: str) -> dict[str, Any]:
-    """slime's --custom-config-path: a flat block-YAML mapping (PyYAML when installed)."""
-    text = Path(path).read_text(encoding="utf-8")
+    """slime's --custom-config-path: a block-YAML mapping (PyYAML when installed)."""
     try:
-        import yaml
-    except ImportError:
-        data: Any = json.loads(text) if text.lstrip().startswith("{") else {
-            k.strip(): _scalar(v) for k, _, v in (ln.partition(":") for ln in text.splitlines()
-                                                  if ln.strip() and not ln.lstrip().startswith("#"))}
-    else:
-        data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise c.DemoError(f"{path}: not a mapping", 2)
-    return data
-
-
-def _scalar(t: str) -> Any:
-    t = t.strip()
-    if t in ("null", "~", ""):
-        return None
-    if t in ("true", "false"):
-        return t == "true"
-    if t.startswith('"'):
-        return json.loads(t)
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    return t
+        return c.load_config_file(path)
+    except ValueError as exc:
+        raise c.DemoError(str(exc), 2) from None
 
 
 def curriculum_round(path: Any) -> str:

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import (Procs, child_env, free_port, http, run_demo, start_shopsim, start_valserver, wait_until)
 
+REPO = Path(__file__).resolve().parents[2]
+
 ROUND = "round-000"
 KEY = {"BAILIAN_API_KEY": "bailian-test-key"}
 
@@ -20,9 +22,14 @@ def tool(*args: str, cwd: Path | None = None, **knobs: str) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def stack(module_procs: Procs, hf_dirs: dict[str, Path]) -> dict[str, str]:
-    """One ShopSim and one val server (serving hf_dirs["a"]) shared by this module."""
-    _, shop_url = start_shopsim(module_procs, slots=8, SHOPSIM_TASKS="24")  # the val split: tasks 12..23
+def stack(module_procs: Procs, hf_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One ShopSim and one val server (serving hf_dirs["a"]) shared by this module. ShopSim serves
+    the first 12 products of the shipped catalog, in its real format: tasks 0..23, so the val
+    split (the upper half) is tasks 12..23."""
+    catalog = tmp_path_factory.mktemp("catalog") / "catalog.json"
+    shipped = json.loads((REPO / "run" / "demo" / "shopsim_catalog.json").read_text())
+    catalog.write_text(json.dumps(shipped[:12]))
+    _, shop_url = start_shopsim(module_procs, slots=8, SHOPSIM_CATALOG=str(catalog))
     wait_until(lambda: http("GET", shop_url + "/healthz")[1]["ready"], what="shopsim ready")
     _, val_url = start_valserver(module_procs, hf_dirs["a"])
     return {"shop": shop_url, "val": val_url}
