@@ -397,13 +397,13 @@ class ValSection(ProcessSpec):
     server_env: dict[str, str] = {}
     url: Url = "http://127.0.0.1:30000"
     health_path: str = "/health"
-    ready_timeout: Duration = 600.0
-    concurrency: int = Field(default=32, ge=1)
-    tasks: int = Field(default=400, ge=1)
+    ready_timeout: Duration = Field(default=600.0, gt=0)
+    concurrency: Int = Field(default=32, ge=1, le=MAX_COUNT)
+    tasks: Int = Field(default=400, ge=1, le=MAX_COUNT)
     # The real loop never checks coverage (the gate drops unpaired episodes); a few episodes
     # that exhaust their 3 attempts must not rerun the whole split. Below this: rerun fresh.
-    min_coverage: float = Field(default=0.95, gt=0, le=1)
-    reuse_server: bool = False
+    min_coverage: Float = Field(default=0.95, gt=0, le=1)
+    reuse_server: Bool = False
     server_grace: Duration = 30.0
 
 
@@ -473,9 +473,9 @@ class NotifySection(_Model):
     # The same event (kind, round, state, cause) is sent once per window, across restarts.
     dedupe_window: Duration = 3600.0
     timeout: Duration = 10.0
-    retries: int = Field(default=3, ge=0)
+    retries: Int = Field(default=3, ge=0, le=1000)
     backoff: Duration = 2.0
-    queue: int = Field(default=100, ge=1)
+    queue: Int = Field(default=100, ge=1, le=MAX_COUNT)
 
 
 class MetricsSection(_Model):

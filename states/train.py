@@ -316,5 +316,8 @@ def check_verdict(output: str, returncode: int | None) -> tuple[str, str] | None
     except ToolOutputError as exc:
         return ("retry" if "truncated" in str(exc) else "fail"), str(exc)
     if verdict["status"] != "ready":
-        return "fail", f"{CHECK}: reported status {verdict['status']!r}, not 'ready'"
+        # What the payload says of why, for the operator (a child's words: redacted where it is
+        # persisted, like every failure message).
+        why = next((str(verdict[k]) for k in ("detail", "error", "reason", "message") if verdict.get(k)), "")
+        return "fail", f"{CHECK}: reported status {verdict['status']!r}, not 'ready'" + (f": {why[:300]}" if why else "")
     return None

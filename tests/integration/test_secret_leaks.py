@@ -83,7 +83,8 @@ def test_a_failure_message_built_from_child_output_is_redacted_everywhere_it_is_
     script.write_text(LEAKY_CHECK)
     env_file = tmp_path / "repo" / ".env"
     campaign = make_tree(tmp_path, rounds=1, edits={
-        r"^emit_command = ": f'check_command = ["{{python}}", "{script}", "{env_file}"]\nemit_command = '})
+        # the demo's own check_command (it spans lines) replaced by the leaky one
+        r"^check_command = \[[^\]]*\]\n": f'check_command = ["{{python}}", "{script}", "{env_file}"]\n'})
     env_file.write_text("".join(f"{k}={v}\n" for k, v in CANARIES.items()))
     try:
         proc = run_daemon(campaign)
