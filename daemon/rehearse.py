@@ -12,7 +12,8 @@ It drives the real engine (daemon/engine.py) over a config derived from the camp
 - sized down: 1 round of 2 rollouts, every retry off, through the SAME emitted YAMLs the real
   round uses: every tool command runs inside :mod:`rehearse_tool`, which records what the tool
   printed and how it exited, and after emit re-points the hard-coded ports and shrinks the
-  concurrencies and the val split in the emitted files;
+  concurrencies and the val split in the emitted files (to a handful of tasks, but more than
+  the online gate's regression factors, or the real gate refuses before any rollout);
 - scratch: experiment dir, state dir, ledger, caches and W&B (offline, project
   ``<project>-rehearse``) live under a fresh scratch dir; ShopSim, the val server and the
   analyst stand-in listen on free loopback ports; GPU probing is off (nothing touches a GPU).
@@ -346,6 +347,14 @@ def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]
         gdir = runs / f"{rid}-online-gate"
         manifest = gdir / "online_gate_manifest.json"
         bad = _lacks(manifest, ("schema_version", "status", "input", "summary"))
+        if bad is not None and not manifest.exists() and r.get("returncode") != 0:
+            # The real gate's pre-rollout errors (contract: exit 1, traceback, no manifest): name
+            # the error itself, and why the rehearsal's split provoked it when it did.
+            emit = last("train.emit_command") or {}
+            small = next((n for n in emit.get("notes", []) if n.startswith("val split too small")), None)
+            err = [ln.strip() for ln in str(r.get("stderr_tail", "")).splitlines() if ln.strip()]
+            bad = (f"gate.command exited {r.get('returncode')}" + (f" ({err[-1][:200]})" if err else "")
+                   + " and wrote no online_gate_manifest.json" + (f"; {small}" if small else ""))
         if bad is None:
             status = json.loads(manifest.read_text()).get("status")
             want = 0 if status == "complete" else 1
