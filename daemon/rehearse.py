@@ -297,6 +297,31 @@ def _lacks(path: Path, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def _analyst_errors(cards: Path) -> str | None:
+    """ANALYST_ERROR failure cards (latest per retry trace): the analyst never judged those
+    retries, yet the sidecar and analyze still exit 0 with success-shaped counts (contract: a
+    failed analysis is silent), so the round would get 0 candidates from them unnoticed."""
+    latest: dict[str, dict[str, Any]] = {}
+    try:
+        lines = cards.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for ln in lines:
+        try:
+            card = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(card, dict) and isinstance(card.get("source_trajectory_id"), str):
+            latest[card["source_trajectory_id"]] = card
+    errs = [c for c in latest.values() if c.get("status") == "ANALYST_ERROR"]
+    if not errs:
+        return None
+    err = errs[0].get("error") if isinstance(errs[0].get("error"), dict) else {}
+    return (f"the analyst failed on {len(errs)} of {len(latest)} full-skill retry traces (ANALYST_ERROR "
+            f"{err.get('type', '?')}: {str(err.get('message', ''))[:240]}); their cards count as analyzed but "
+            "give no candidates")
+
+
 def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """One verdict per stage: ``ok``, ``skipped (...)``, ``not reached``, or the mismatch."""
     recs = _records(sc)
@@ -342,7 +367,8 @@ def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]
             "schema_version", "triage_groups", "analyzed_cards", "eligible_cards", "candidates")
         verdicts["gate.analyze_command"] = _exit("gate.analyze_command", r) or _payload(
             "gate.analyze_command", r, need=())[1] or _lacks(summary, keys) or _lacks(
-            adir / "candidate_pool.json", ("schema_version", "candidates"))
+            adir / "candidate_pool.json", ("schema_version", "candidates")) or _analyst_errors(
+            adir / "failure_cards.jsonl")
     if (r := last("gate.command")) is not None:
         gdir = runs / f"{rid}-online-gate"
         manifest = gdir / "online_gate_manifest.json"

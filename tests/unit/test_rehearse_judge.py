@@ -45,3 +45,30 @@ def test_gate_that_exits_0_without_a_manifest_is_still_a_missing_file(tmp_path: 
     sc.records.mkdir(parents=True)
     _record(sc, 2, "gate.command", 0)
     assert dict(judge(cfg, layout, sc, []))["gate.command"].startswith("online_gate_manifest.json was not written")
+
+
+def test_analyst_errors_behind_a_success_shaped_analyze_are_named(tmp_path: Path) -> None:
+    """The real analyze exits 0 with counts even when every card is an ANALYST_ERROR (here: the
+    trainer stand-in's retry trace lacked job/provenance/selected_skills)."""
+    cfg = load_config(make_tree(tmp_path / "t", rounds=1))
+    layout = Layout.from_config(cfg)
+    sc = Scratch(tmp_path / "scratch")
+    sc.records.mkdir(parents=True)
+    adir = layout.runs / "round-000-online-analysis"
+    adir.mkdir(parents=True)
+    (adir / "analysis_summary.json").write_text(json.dumps(
+        {"schema_version": "v1", "triage_groups": 1, "analyzed_cards": 1, "eligible_cards": 0, "candidates": 0}))
+    (adir / "candidate_pool.json").write_text(json.dumps({"schema_version": "v1", "candidates": []}))
+    msg = "trace is not a failed retry under the configured full skill: /r/full-skill-retry.json"
+    (adir / "failure_cards.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (
+        {"source_trajectory_id": "g2-retry", "status": "ANALYST_ERROR", "error": {"type": "KeyError", "message": "x"}},
+        {"source_trajectory_id": "g2-retry", "status": "ANALYST_ERROR", "error": {"type": "ValueError", "message": msg}},
+        {"source_trajectory_id": "g3-retry", "status": "NO_PROPOSAL", "eligible_for_consolidation": False})))
+    (sc.records / "1-1-gate.analyze_command.json").write_text(json.dumps(
+        {"stage": "gate.analyze_command", "returncode": 0, "stdout": '{\n  "candidates": 0\n}\n', "stderr_tail": "",
+         "notes": []}))
+    assert dict(judge(cfg, layout, sc, []))["gate.analyze_command"] == (
+        f"the analyst failed on 1 of 2 full-skill retry traces (ANALYST_ERROR ValueError: {msg}); their cards "
+        "count as analyzed but give no candidates")
+    (adir / "failure_cards.jsonl").write_text(json.dumps({"source_trajectory_id": "g3-retry", "status": "NO_PROPOSAL"}))
+    assert "ANALYST_ERROR" not in dict(judge(cfg, layout, sc, []))["gate.analyze_command"]
