@@ -12,7 +12,8 @@ It drives the real engine (daemon/engine.py) over a config derived from the camp
 - sized down: 1 round of 2 rollouts, every retry off, through the SAME emitted YAMLs the real
   round uses: every tool command runs inside :mod:`rehearse_tool`, which records what the tool
   printed and how it exited, and after emit re-points the hard-coded ports and shrinks the
-  concurrencies and the val split in the emitted files;
+  concurrencies and the val split in the emitted files (to a handful of tasks, but more than
+  the online gate's regression factors, or the real gate refuses before any rollout);
 - scratch: experiment dir, state dir, ledger, caches and W&B (offline, project
   ``<project>-rehearse``) live under a fresh scratch dir; ShopSim, the val server and the
   analyst stand-in listen on free loopback ports; GPU probing is off (nothing touches a GPU).
@@ -296,6 +297,31 @@ def _lacks(path: Path, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def _analyst_errors(cards: Path) -> str | None:
+    """ANALYST_ERROR failure cards (latest per retry trace): the analyst never judged those
+    retries, yet the sidecar and analyze still exit 0 with success-shaped counts (contract: a
+    failed analysis is silent), so the round would get 0 candidates from them unnoticed."""
+    latest: dict[str, dict[str, Any]] = {}
+    try:
+        lines = cards.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for ln in lines:
+        try:
+            card = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(card, dict) and isinstance(card.get("source_trajectory_id"), str):
+            latest[card["source_trajectory_id"]] = card
+    errs = [c for c in latest.values() if c.get("status") == "ANALYST_ERROR"]
+    if not errs:
+        return None
+    err = errs[0].get("error") if isinstance(errs[0].get("error"), dict) else {}
+    return (f"the analyst failed on {len(errs)} of {len(latest)} full-skill retry traces (ANALYST_ERROR "
+            f"{err.get('type', '?')}: {str(err.get('message', ''))[:240]}); their cards count as analyzed but "
+            "give no candidates")
+
+
 def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """One verdict per stage: ``ok``, ``skipped (...)``, ``not reached``, or the mismatch."""
     recs = _records(sc)
@@ -341,11 +367,20 @@ def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]
             "schema_version", "triage_groups", "analyzed_cards", "eligible_cards", "candidates")
         verdicts["gate.analyze_command"] = _exit("gate.analyze_command", r) or _payload(
             "gate.analyze_command", r, need=())[1] or _lacks(summary, keys) or _lacks(
-            adir / "candidate_pool.json", ("schema_version", "candidates"))
+            adir / "candidate_pool.json", ("schema_version", "candidates")) or _analyst_errors(
+            adir / "failure_cards.jsonl")
     if (r := last("gate.command")) is not None:
         gdir = runs / f"{rid}-online-gate"
         manifest = gdir / "online_gate_manifest.json"
         bad = _lacks(manifest, ("schema_version", "status", "input", "summary"))
+        if bad is not None and not manifest.exists() and r.get("returncode") != 0:
+            # The real gate's pre-rollout errors (contract: exit 1, traceback, no manifest): name
+            # the error itself, and why the rehearsal's split provoked it when it did.
+            emit = last("train.emit_command") or {}
+            small = next((n for n in emit.get("notes", []) if n.startswith("val split too small")), None)
+            err = [ln.strip() for ln in str(r.get("stderr_tail", "")).splitlines() if ln.strip()]
+            bad = (f"gate.command exited {r.get('returncode')}" + (f" ({err[-1][:200]})" if err else "")
+                   + " and wrote no online_gate_manifest.json" + (f"; {small}" if small else ""))
         if bad is None:
             status = json.loads(manifest.read_text()).get("status")
             want = 0 if status == "complete" else 1

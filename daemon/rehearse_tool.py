@@ -100,11 +100,69 @@ def _swap_urls(text: str, swaps: list[list[str]]) -> str:
     return text
 
 
+def _cut_split(value: Any, n: int) -> Any:
+    """One ``val`` split cut to its first ``n`` tasks, in whichever form the split file uses: a bare
+    list, or shopsimrl/tasks.py's record (``{"task_ids": [...]}`` or ``{"start": a, "end": b}``)."""
+    if isinstance(value, list):
+        return value[:n]
+    if isinstance(value, dict):
+        if isinstance(value.get("task_ids"), list):
+            return {**value, "task_ids": value["task_ids"][:n]}
+        start, end = value.get("start"), value.get("end")
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
+            return {**value, "end": min(end, start + n)}
+    return value
+
+
+def _split_size(value: Any) -> int | None:
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, dict):
+        if isinstance(value.get("task_ids"), list):
+            return len(value["task_ids"])
+        start, end = value.get("start"), value.get("end")
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
+            return max(0, end - start)
+    return None
+
+
 def _trim_val(data: Any, n: int) -> Any:
-    """Every list under a key named ``val`` (at any depth) cut to its first ``n`` entries."""
+    """Every split under a key named ``val`` (at any depth) cut to its first ``n`` tasks."""
     if isinstance(data, dict):
-        return {k: (v[:n] if k == "val" and isinstance(v, list) else _trim_val(v, n)) for k, v in data.items()}
+        return {k: (_cut_split(v, n) if k == "val" else _trim_val(v, n)) for k, v in data.items()}
     return data
+
+
+def _val_size(data: Any) -> int | None:
+    """The task count of the first split under a key named ``val``, None when there is none."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            found = _split_size(v) if k == "val" else _val_size(v)
+            if found is not None:
+                return found
+    return None
+
+
+def gate_factors(loop_dir: Path) -> int | None:
+    """An upper bound on the online gate's regression factors: the enabled chunks of the round's
+    SkillBank (analysis.yaml ``current_skillbank_path``) plus ``max_candidates`` (each ADD or
+    REWRITE candidate is one column; the real default is 6). The real gate fits them by OLS and
+    refuses, before any rollout, when the val split has no more tasks than factors."""
+    try:
+        text = (loop_dir / "analysis.yaml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    bank = _path_value(text, "current_skillbank_path")
+    raw = _path_value(text, "max_candidates")
+    try:
+        data = json.loads(Path(bank).read_text(encoding="utf-8")) if bank else None
+        cands = int(raw) if raw is not None else 6
+    except (OSError, ValueError):
+        return None
+    skills = data.get("skills") if isinstance(data, dict) else None
+    if not isinstance(skills, list):
+        return None
+    return sum(1 for s in skills if isinstance(s, dict) and s.get("enabled", True) is not False) + cands
 
 
 def size_down(loop_dir: Path, spec: dict[str, Any], notes: list[str]) -> None:
@@ -124,10 +182,21 @@ def size_down(loop_dir: Path, spec: dict[str, Any], notes: list[str]) -> None:
                 except ValueError:
                     notes.append(f"{split}: not JSON; the val split is not sized down")
                 else:
+                    # Small, but larger than the gate's regression: a smaller split makes the
+                    # real gate refuse before any rollout, and the gate would not be rehearsed.
+                    factors = gate_factors(loop_dir)
+                    n = max(int(spec["val_tasks"]), (factors or 0) + 1)
                     copy = scratch / "split_file.json"
-                    copy.write_text(json.dumps(_trim_val(data, int(spec["val_tasks"])), indent=2))
+                    copy.write_text(json.dumps(_trim_val(data, n), indent=2))
                     new = _set_path(new, "split_file", str(copy))
-                    notes.append(f"val split: first {spec['val_tasks']} tasks of {split}")
+                    have = _val_size(data)
+                    notes.append(f"val split: first {n} tasks of {split}"
+                                 + (f" (the gate's regression has up to {factors} factors)" if factors else ""))
+                    if factors is not None and have is not None and have <= factors:
+                        notes.append(f"val split too small for the gate: {have} val tasks in {split}, the gate's "
+                                     f"regression has up to {factors} factors (SkillBank chunks + max_candidates); "
+                                     "the real gate refuses before any rollout: `OLS requires more observations "
+                                     "than chunk factors`")
         if f.stem == "analysis":
             t2s = _path_value(new, "trace2skill_config")
             if t2s and Path(t2s).is_file():

@@ -241,7 +241,8 @@ class Rollouts:
         self.concurrency = int(cfg.get("shopsim_episode_concurrency") or cfg.get("episode_concurrency") or 4)
         self.timeout = float(cfg.get("shopsim_environment_timeout") or 30)
         # The training dir is named after the CURRICULUM's round_id (the real emitter writes none).
-        self.round_id = curriculum_round(cfg.get("shopsim_curriculum_path"))
+        self.curriculum_path = cfg.get("shopsim_curriculum_path")
+        self.round_id = curriculum_round(self.curriculum_path)
         out = cfg.get("shopsim_training_output_dir")
         self.out_dir = Path(out) / self.round_id if out else None
         self.seed = seed
@@ -292,6 +293,35 @@ class Rollouts:
                                           f"is ShopSim at {self.url} up? ({exc})") from None
         return results
 
+    def retry_trace(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The failed full-skill retry in the shape the real `shopsimrl.slime_runtime` writes it
+        (`_run_episode`'s trace, ShopSimRL@d020cbb): the real `training analyze` / `watch-analyze`
+        accept a retry only if it is a completed train job with r_success 0, provenance
+        `skills.diagnostic_full_skill` true and `selected_skills` = the curriculum's full skill
+        (id, version, content); anything less is an ANALYST_ERROR card, and no analyst is asked."""
+        chunks = []
+        try:
+            cur = c.read_json(self.curriculum_path, "curriculum") if self.curriculum_path else {}
+            chunks = [ch for ch in cur.get("chunks") or [] if isinstance(ch, dict)]
+        except c.DemoError:
+            cur = {}
+        skills = [{"skill_id": ch.get("skill_id"), "content": ch.get("content"), "version": str(ch.get("version", "1")),
+                   "metadata": dict(ch.get("metadata") or {}),
+                   "content_sha256": hashlib.sha256(json.dumps(ch.get("content"), ensure_ascii=False).encode()).hexdigest()}
+                  for ch in chunks]
+        state_id = cur.get("state_id") if isinstance(cur, dict) else None
+        return {"schema_version": "shopsimrl-episode-v4",
+                "episode_id": f"train-group-{r['group']:09d}-sample-{1:09d}-full-skill-retry", "status": "completed",
+                "job": {"task_id": r["task_id"], "sample_id": 1, "seed": 0, "split": "train"},
+                "provenance": {"skills": {"curriculum_state_id": state_id, "diagnostic_full_skill": True,
+                                          "assignment": {"state_id": state_id, "group_key": str(r["group"]),
+                                                         "mode": "diagnostic_full_skill",
+                                                         "skill_ids": [s["skill_id"] for s in skills]}}},
+                "reset": None, "selected_skills": skills, "conversation": [], "steps": [],
+                "final": {"done": True, "reward": 0.0, "reward_detail": {"r_strict": 0.0, "r_success": 0.0},
+                          "termination_reason": "action_limit"},
+                "error": None, "task_id": r["task_id"]}
+
     def record(self, rollout_id: int, results: list[dict[str, Any]]) -> None:
         if self.out_dir is None:
             return
@@ -305,10 +335,10 @@ class Rollouts:
                                       "task_id": r["task_id"], "classification": status, "status": status,
                                       "reward": r.get("reward")}
             if pending:
-                retry = {"episode_id": f"{self.round_id}-group-{r['group']:09d}-retry", "status": "completed",
-                         "task_id": r["task_id"], "final": {"done": True, "reward": 0.0, "reward_detail": {"r_success": 0.0}}}
+                retry = self.retry_trace(r)
                 c.atomic_write_json(gdir / "full-skill-retry.json", retry)
-                triage["full_skill_retry"] = {"episode_id": retry["episode_id"], "trace_path": str(gdir / "full-skill-retry.json")}
+                triage["full_skill_retry"] = {"episode_id": retry["episode_id"], "trace_path": str(gdir / "full-skill-retry.json"),
+                                              "reward": retry["final"]["reward_detail"], "scored": True}
             c.atomic_write_json(gdir / "triage.json", triage)
 
 

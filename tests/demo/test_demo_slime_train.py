@@ -317,3 +317,31 @@ def test_step_seconds_knob_sets_the_step_time(tmp_path: Path) -> None:
     res = train("--save", str(tmp_path), "--num-rollout", "2", DEMO_STEP_SECONDS="0.2")
     times = [float(x) for x in re.findall(r"\"perf/step_time\": ([0-9.]+)", res.stdout)]
     assert len(times) == 2 and min(times) >= 0.2
+
+
+def test_full_skill_retry_is_shaped_as_the_real_analyst_requires(tmp_path: Path, procs: Procs) -> None:
+    """The retry trace passes the real `training analyze` acceptance (ShopSimRL@d020cbb
+    training_analysis._OnlineCardPipeline.load_retry_trace): a completed train job with r_success 0,
+    provenance skills.diagnostic_full_skill true, selected_skills = the curriculum's full skill
+    (id, version, content) and the triage's episode_id. Before, every card was an ANALYST_ERROR."""
+    _, url = start_shopsim(procs, slots=2)
+    chunks = [{"skill_id": "c1", "version": "v7", "content": "### 搜索\n- a", "metadata": {"estimated_effect": 0.1},
+               "contribution": 0.1, "inclusion_probability": 0.9}, {"skill_id": "c2", "content": "b", "metadata": {}}]
+    cur = tmp_path / "curriculum.json"
+    cur.write_text(json.dumps({"schema_version": "shopsimrl-skill-curriculum-v1", "round_id": "round-000",
+                               "state_id": "s1", "chunks": chunks}))
+    cfg = json.loads(slime_cfg(tmp_path, url).read_text())
+    (tmp_path / "slime.yaml").write_text(json.dumps({**cfg, "shopsim_curriculum_path": str(cur)}))
+    res = train("--save", str(tmp_path / "s"), "--num-rollout", "2", "--custom-config-path", str(tmp_path / "slime.yaml"),
+                DEMO_TRIAGE_FRACTION="1")
+    assert res.returncode == 0, res.stderr
+    triages = [json.loads(f.read_text()) for f in (tmp_path / "runs" / "slime-training" / "round-000").glob("group-*/triage.json")]
+    assert triages
+    for t in triages:
+        retry = json.loads(Path(t["full_skill_retry"]["trace_path"]).read_text())
+        assert retry["episode_id"] == t["full_skill_retry"]["episode_id"]
+        assert retry["status"] == "completed" and retry["job"]["split"] == "train"
+        assert retry["final"]["done"] is True and retry["final"]["reward_detail"]["r_success"] in (0, 0.0)
+        assert retry["provenance"]["skills"]["diagnostic_full_skill"] is True
+        assert [(s["skill_id"], s["version"], s["content"]) for s in retry["selected_skills"]] == [
+            ("c1", "v7", "### 搜索\n- a"), ("c2", "1", "b")]

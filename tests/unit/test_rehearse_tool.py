@@ -122,3 +122,51 @@ def test_analyst_answers_the_forced_tool() -> None:
     got = analyst.answer({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "b"}}})
     assert got["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "b"
     assert analyst.answer({})["choices"][0]["message"]["content"] == "rehearsal"
+
+
+def _real_loop(tmp: Path, splits: dict[str, object], skills: int, max_candidates: int | None = 6) -> Path:
+    """An emitted round as the real emitter writes it: the split file in shopsimrl/tasks.py's format
+    ({"splits": {"val": {"task_ids": [...]}}}) and analysis.yaml naming the round's SkillBank."""
+    loop = tmp / "loop"
+    loop.mkdir()
+    split = tmp / "persona_splits.v1.json"
+    split.write_text(json.dumps({"version": "v1", "splits": splits}))
+    bank = tmp / "selected_skillbank.json"
+    bank.write_text(json.dumps({"schema_version": "shopsimrl-skillbank-v1", "skills": [
+        {"skill_id": f"c{i}", "content": "x", "enabled": True} for i in range(skills)]
+        + [{"skill_id": "off", "content": "x", "enabled": False}]}))
+    (loop / "val.yaml").write_text(f"experiment:\n  concurrency: 32\ntasks:\n  split_file: {split}\n  split: val\n")
+    extra = f"  max_candidates: {max_candidates}\n" if max_candidates is not None else ""
+    (loop / "analysis.yaml").write_text(f"online_analysis:\n  name: round-000\n  current_skillbank_path: {bank}\n{extra}")
+    return loop
+
+
+def test_real_split_format_is_sized_past_the_gates_regression(tmp_path: Path) -> None:
+    """tasks.py's split records are cut (a bare-list-only trim left 400 val tasks in place), to
+    more tasks than the gate's factors (2 enabled chunks + 3 candidates), never to fewer."""
+    loop = _real_loop(tmp_path, {"train": {"task_ids": list(range(100)), "persona": True},
+                                 "val": {"task_ids": list(range(100, 500)), "persona": True},
+                                 "test": {"start": 500, "end": 900}}, skills=2, max_candidates=3)
+    notes: list[str] = []
+    size_down(loop, _spec(tmp_path, val_tasks=2), notes)
+    trimmed = json.loads((tmp_path / "split_file.json").read_text())["splits"]
+    assert trimmed["val"] == {"task_ids": [100, 101, 102, 103, 104, 105], "persona": True}
+    assert trimmed["train"]["task_ids"] == list(range(100)) and trimmed["test"] == {"start": 500, "end": 900}
+    assert not any("too small" in n for n in notes), notes
+
+
+def test_start_end_split_and_default_candidates(tmp_path: Path) -> None:
+    loop = _real_loop(tmp_path, {"val": {"start": 40, "end": 80, "persona": True}}, skills=10, max_candidates=None)
+    size_down(loop, _spec(tmp_path, val_tasks=4), [])
+    assert json.loads((tmp_path / "split_file.json").read_text())["splits"]["val"] == {
+        "start": 40, "end": 57, "persona": True}  # 10 chunks + the real default 6 candidates + 1
+
+
+def test_a_split_smaller_than_the_gates_regression_is_named(tmp_path: Path) -> None:
+    """The 7-task synthetic catalog: 4 val tasks, a 10-chunk SkillBank: the real gate must refuse."""
+    loop = _real_loop(tmp_path, {"train": {"task_ids": [0, 1, 2]}, "val": {"task_ids": [3, 4, 5, 6]}}, skills=10)
+    notes: list[str] = []
+    size_down(loop, _spec(tmp_path, val_tasks=4), notes)
+    assert json.loads((tmp_path / "split_file.json").read_text())["splits"]["val"] == {"task_ids": [3, 4, 5, 6]}
+    assert any(n.startswith("val split too small for the gate: 4 val tasks") and "up to 16 factors" in n
+               for n in notes), notes
