@@ -86,7 +86,13 @@ PLACEHOLDERS: dict[str, str] = {
     "seed": "campaign.seed",
     "checkpoint_dir": "<save_dir>/iter_<end_iteration>",
     "weight_version": "the weight version the val server must report (iter_<end_iteration>)",
+    "sequence_parallel": "--sequence-parallel when gpus.tp_size > 1, else left out (as upstream)",
+    "wandb_team_flag": "--wandb-team when the .env sets WANDB_ENTITY, else left out (as upstream)",
+    "wandb_entity": "the .env's WANDB_ENTITY, else left out",
 }
+# An argv element that is exactly one of these placeholders is left out when its value is
+# empty: upstream's optional flags (run_shopsimrl_slime.sh adds them only when they apply).
+OPTIONAL_ARGS = frozenset({"{sequence_parallel}", "{wandb_team_flag}", "{wandb_entity}"})
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -430,6 +436,10 @@ class WandbSection(_Model):
     mode: Literal["online", "offline", "disabled"] = "online"
     project: str = "shopsimrl"
     group: str = ""
+    # .env keys every child (and the Ray job's runtime_env) gets when the .env sets them, as
+    # upstream passes WANDB_* "when set"; never required. WANDB_ENTITY also becomes
+    # `--wandb-team` through {wandb_team_flag} {wandb_entity}.
+    pass_env: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ...] = ("WANDB_ENTITY", "WANDB_BASE_URL")
 
 
 class SecretsSection(_Model):
@@ -635,8 +645,14 @@ def expand_vars(cfg_vars: dict[str, str], values: dict[str, str]) -> None:
 
 
 def expand(template: tuple[str, ...] | list[str], values: dict[str, str]) -> list[str]:
-    """Expand an argv template, one element at a time (never through a shell)."""
-    return [arg.format_map(values) for arg in template]
+    """Expand an argv template, one element at a time (never through a shell). An element that
+    is exactly an optional placeholder (:data:`OPTIONAL_ARGS`) is left out when it is empty."""
+    out = []
+    for arg in template:
+        value = arg.format_map(values)
+        if value or arg not in OPTIONAL_ARGS:
+            out.append(value)
+    return out
 
 
 def deadline_seconds_or_time(value: str) -> datetime | float:

@@ -392,6 +392,8 @@ def job_env(cfg: Config, layout: Layout, env: Mapping[str, str], values: Mapping
     node that runs the job.
     """
     keys = set(layout.child_env(cfg, base={})) | set(cfg.train.env) | secret_names(cfg)
+    if cfg.wandb.enabled:
+        keys |= set(cfg.wandb.pass_env)  # when set (upstream: WANDB_* "when set")
     out = {k: env[k] for k in sorted(keys) if k in env and k not in _NOT_FOR_JOBS}
     out.update({k: v.format_map(dict(values)) for k, v in cfg.train.runtime_env.items()})
     return out

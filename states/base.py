@@ -220,11 +220,17 @@ class RoundContext:
             "wandb_dir": str(lay.wandb_dir), "seed": str(cfg.campaign.seed),
             "checkpoint_dir": str(lay.save_dir / f"iter_{self.end_iteration:07d}"),
             "weight_version": self.weight_version,
+            "sequence_parallel": "--sequence-parallel" if cfg.gpus.tp_size > 1 else "",
+            **self._wandb_team(),
             **self.inputs(),
         }
         v["next_skillbank"] = self._next_skillbank(v["skillbank"])
         expand_vars(cfg.vars, v)  # in order: a var may use the vars above it
         return v
+
+    def _wandb_team(self) -> dict[str, str]:
+        entity = self.secrets.values.get("WANDB_ENTITY", "") if self.cfg.wandb.enabled else ""
+        return {"wandb_team_flag": "--wandb-team" if entity else "", "wandb_entity": entity}
 
     def _next_skillbank(self, current: str) -> str:
         """The gate's selection (copied under the next round's dir) when the gate was
@@ -247,6 +253,8 @@ class RoundContext:
         if extra:
             env.update(extra)
         env.update(self.secrets.for_child(spec.secrets if secrets is None else secrets))
+        if self.cfg.wandb.enabled:  # WANDB_ENTITY, WANDB_BASE_URL: only when the .env sets them
+            env.update(self.secrets.for_child(self.cfg.wandb.pass_env))
         return env
 
     def log_path(self, state: State | str) -> Path:

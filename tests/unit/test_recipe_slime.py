@@ -166,6 +166,25 @@ def test_train_argv_is_the_seeds_argument_for_argument(cfg: Config, layout: Layo
     assert job.submission_id == f"shoprld-qwen35-4b-qwen35-4b-train-100-round-00{r}-1"
 
 
+def test_upstreams_optional_flags_follow_tp_and_the_env(cfg: Config, layout: Layout) -> None:
+    """As run_shopsimrl_slime.sh: --sequence-parallel only when TP > 1; --wandb-team <entity>, and
+    WANDB_ENTITY / WANDB_BASE_URL in the job's runtime env, only when the .env sets them."""
+    plain = commands.train_job(cfg, layout, secrets(), 0)
+    assert "--sequence-parallel" in plain.argv and "--wandb-team" not in plain.argv
+    assert not {"WANDB_ENTITY", "WANDB_BASE_URL"} & set(plain.env_vars)
+
+    tp1 = cfg.model_copy(update={"gpus": cfg.gpus.model_copy(update={"tp_size": 1})})
+    assert "--sequence-parallel" not in commands.train_job(tp1, layout, secrets(), 0).argv
+
+    env = with_pattern({"WANDB_API_KEY": WANDB_KEY, "BAILIAN_API_KEY": BAILIAN_KEY,
+                        "WANDB_ENTITY": "shop-team", "WANDB_BASE_URL": "https://wandb.example.org"}, None)
+    job = commands.train_job(cfg, layout, env, 0)
+    i = job.argv.index("--wandb-team")
+    assert job.argv[i + 1] == "shop-team" and job.argv[:i] == plain.argv  # appended, nothing else moved
+    assert (job.env_vars["WANDB_ENTITY"], job.env_vars["WANDB_BASE_URL"]) == ("shop-team", "https://wandb.example.org")
+    assert "" not in job.argv and "" not in plain.argv
+
+
 def test_round_one_loads_the_save_dir_through_the_engines_own_context(cfg: Config, tmp_path: Path) -> None:
     """RoundContext.values (what the engine uses) gives round 1 the save dir once round 0 committed."""
     moved = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"ephemeral_root": tmp_path})})
