@@ -15,6 +15,7 @@ and report back with an :class:`Outcome`; the engine decides what happens next.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -170,6 +171,29 @@ class RoundContext:
             await child.wait()
         self.unregister_child(child)
         return True
+
+    async def build_next_curriculum(self, state: State | str) -> str | None:
+        """Run ``inject.command`` for this round: the next round's curriculum. None when it is
+        on disk and parses, else the problem."""
+        curriculum = Path(self.values()["next_curriculum"])
+        if self.cfg.inject.command:
+            await self.run_tool("curriculum", self.cfg.inject.command, self.cfg.inject, state=state)
+        if read_json(curriculum) is None:
+            return f"{curriculum}: not written by inject.command"
+        return None
+
+    async def ensure_inputs(self, state: State | str) -> str | None:
+        """The previous round's INJECT skips the curriculum when it was the campaign's last round,
+        as upstream does; when ``campaign.rounds`` was raised since, build it now, as that round
+        would have (its own context, so its placeholders). None when the inputs are there."""
+        if self.round == 0:
+            return None
+        prev = self.read_record("inject", round_id(self.round - 1)) or {}
+        if prev.get("curriculum_built") is not False or read_json(Path(str(prev.get("curriculum", "")))) is not None:
+            return None
+        self.emit("inject.curriculum_late", round_id=round_id(self.round - 1),
+                  reason="the campaign was extended after its last round")
+        return await dataclasses.replace(self, round=self.round - 1).build_next_curriculum(state)
 
     def inputs(self) -> dict[str, str]:
         """This round's SkillBank, curriculum and history ledger (from the previous INJECT)."""

@@ -22,9 +22,18 @@ ADOPTS: tuple[str, ...] = ()
 
 
 def completed(ctx: RoundContext) -> bool:
-    """The decision is recorded and the next curriculum it names exists and parses."""
+    """The decision is recorded and the next curriculum it names exists and parses (after the
+    campaign's last round: recorded as not built, as upstream skips it)."""
     rec = ctx.read_record("inject")
-    return bool(rec) and read_json(Path(str(rec.get("curriculum", "")))) is not None
+    if not rec:
+        return False
+    if rec.get("curriculum_built") is False and _last_round(ctx):
+        return True
+    return read_json(Path(str(rec.get("curriculum", "")))) is not None
+
+
+def _last_round(ctx: RoundContext) -> bool:
+    return ctx.round >= ctx.cfg.campaign.rounds - 1
 
 
 async def run(ctx: RoundContext) -> Outcome:
@@ -44,12 +53,19 @@ async def run(ctx: RoundContext) -> Outcome:
         ctx.emit("inject.keep", reason="gate incomplete; keep current skillbank", skillbank=str(skillbank))
     history = gate.get("proposal_ledger") or current["history_ledger"] or ""
     curriculum = Path(values["next_curriculum"])
-    if ctx.cfg.inject.command:
-        await ctx.run_tool("curriculum", ctx.cfg.inject.command, ctx.cfg.inject, state=STATE)
-    if read_json(curriculum) is None:
-        return Outcome.retry(f"{curriculum}: not written by inject.command")
+    # Upstream builds no curriculum after the last round (run_full_train.sh: `if i+1 <
+    # NUM_ROUNDS`). Should `campaign.rounds` be raised later, the next TRAIN builds it first
+    # (RoundContext.ensure_inputs), from this record.
+    built = not _last_round(ctx)
+    if built:
+        problem = await ctx.build_next_curriculum(STATE)
+        if problem:
+            return Outcome.retry(problem)
+    else:
+        ctx.emit("inject.curriculum_skipped", reason="the campaign's last round", curriculum=str(curriculum))
     rec = {"round": ctx.round, "round_id": ctx.round_id, "next_round_id": ctx.next_round_id, "branch": branch,
-           "skillbank": str(skillbank), "curriculum": str(curriculum), "history_ledger": history}
+           "skillbank": str(skillbank), "curriculum": str(curriculum), "curriculum_built": built,
+           "history_ledger": history}
     ctx.record_path("inject").parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(ctx.record_path("inject"), rec)
     ctx.emit("inject.decision", branch=branch, skillbank=str(skillbank))

@@ -43,6 +43,9 @@ def completed(ctx: RoundContext) -> bool:
 
 async def run(ctx: RoundContext) -> Outcome:
     cfg = ctx.cfg
+    problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
+    if problem:
+        return Outcome.retry(problem)
     if cfg.train.emit_command:
         await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():

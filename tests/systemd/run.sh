@@ -304,7 +304,7 @@ t_start() {
   in_round1_train || { DETAIL="round-001 TRAIN was over within 3 s"; return 1; }
   snap status-1-running.txt demo
   local line; line=$(grep -m1 'Status: "' "$OUT/status-1-running.txt" || true)
-  [[ "$line" =~ Status:\ \"round\ 2/3\ TRAIN\ step\ [0-9]+/20 ]] || { DETAIL="no STATUS line: '$line'"; return 1; }
+  [[ "$line" =~ Status:\ \"round-001\ \(2\ of\ 3\)\ TRAIN\ step\ [0-9]+/20 ]] || { DETAIL="no STATUS line: '$line'"; return 1; }
   DETAIL="start returned after READY=1 in ${took}s; $(echo $line)"
 }
 
