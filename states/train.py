@@ -46,7 +46,11 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:
         return Outcome.retry(problem)
-    if cfg.train.emit_command:
+    # A trainer a crashed daemon left running is adopted first: it already read this round's
+    # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
+    # time those take is time in which the adopted job may finish).
+    trainer = ctx.find_child("trainer")
+    if trainer is None and cfg.train.emit_command:
         await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
@@ -55,7 +59,7 @@ async def run(ctx: RoundContext) -> Outcome:
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
-    if cfg.train.check_command:
+    if trainer is None and cfg.train.check_command:
         rc = await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
         problem = check_verdict(_output_of_last(ctx.log_path(STATE), "check"), rc)
         if problem is not None:
@@ -63,7 +67,6 @@ async def run(ctx: RoundContext) -> Outcome:
             ctx.emit("train.check_failed", reason=message)
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
-    trainer = ctx.find_child("trainer")
     if trainer is None:
         await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
