@@ -161,7 +161,9 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     campaign = create_tree(tmp_path, fast=True, rounds=2)
     text = campaign.read_text()
     text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
-    text, n2 = re.subn(r'^step_seconds = ".*"$', 'step_seconds = "0.4"', text, flags=re.MULTILINE)
+    # 1 s a step: the job must outlive the daemon's restart (imports, preflight, ShopSim's adoption)
+    # even on a loaded CI box, or there is nothing left to adopt (it would be re-attached instead).
+    text, n2 = re.subn(r'^step_seconds = ".*"$', 'step_seconds = "1.0"', text, flags=re.MULTILINE)
     assert n1 == 1 and n2 == 1
     campaign.write_text(text)
     cfg = load_config(campaign)
