@@ -23,8 +23,9 @@ class _Doc(BaseModel):
 
 class ChildDoc(_Doc):
     role: str
-    pid: int = Field(gt=0, le=2**31)
-    pgid: int = Field(gt=0, le=2**31)
+    # 0 for a Ray job (the Jobs launcher's record has no local process: job_id names it)
+    pid: int = Field(ge=0, le=2**31)
+    pgid: int = Field(ge=0, le=2**31)
     start_ticks: int | None = Field(default=None, ge=0)
     started_at: float
     log: str

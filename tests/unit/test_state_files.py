@@ -192,3 +192,20 @@ def test_the_engine_starts_from_any_state_files(demo_campaign: tuple[Path, Any, 
 def test_load_fuzz_many_examples(tmp_path: Path, files: tuple[bytes, str, int | None]) -> None:
     """The slow suite: the load property above with many more examples and a fixed seed."""
     test_load_never_raises_and_recovers_the_valid_journal_prefix.hypothesis.inner_test(tmp_path, files)  # type: ignore[attr-defined]
+
+
+def test_every_child_record_the_launchers_write_validates(tmp_path: Path) -> None:
+    """A local child and a Ray job (pid 0, its submission id in job_id) both load as written: a
+    schema that refused the Ray record would drop it, and a restarted daemon could not adopt
+    the running job (found by the real-Ray test)."""
+    from shoprld.daemon.processes import ChildRecord
+
+    local = ChildRecord(role="sidecar", pid=4242, pgid=4242, start_ticks=123, started_at=1.0, log="/l", argv=["x"])
+    ray = ChildRecord(role="trainer", pid=0, pgid=0, start_ticks=None, started_at=2.0, log="/t", argv=["y"],
+                      job_id="shoprld-demo-exp-round-000-1")
+    store = Store(tmp_path)
+    store.save(_snap(3, children={"sidecar": local.to_json(), "trainer": ray.to_json()}))
+    loaded = store.load()
+    assert loaded is not None and loaded.warning is None, loaded and loaded.warning
+    assert loaded.state["children"]["trainer"]["job_id"] == "shoprld-demo-exp-round-000-1"
+    assert loaded.state["children"]["sidecar"]["pid"] == 4242
