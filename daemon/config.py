@@ -427,6 +427,9 @@ class GateSection(ProcessSpec):
 
 class InjectSection(ProcessSpec):
     on_incomplete: Literal["keep"] = "keep"
+    # Build the next curriculum after the campaign's last round too. Upstream does not (nor does
+    # shoprld by default); `shoprld rehearse` does, so that its one round checks build-curriculum.
+    after_last_round: Bool = False
     cold_start_skillbank: Path | None = None
     cold_start_curriculum: Path | None = None
 

@@ -148,7 +148,10 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool) -> C
     gate = g.model_copy(update={**no_retry, "timeout": 300.0,
                                 "analyze_command": _wrap(g.analyze_command, "gate.analyze_command", sc),
                                 "command": _wrap(g.command, "gate.command", sc)})
-    inject = cfg.inject.model_copy(update={**no_retry, "command": _wrap(cfg.inject.command, "inject.command", sc)})
+    # The one rehearsed round is the scratch campaign's last: build its curriculum all the same,
+    # so that build-curriculum is checked too.
+    inject = cfg.inject.model_copy(update={**no_retry, "command": _wrap(cfg.inject.command, "inject.command", sc),
+                                           "after_last_round": True})
     sidecar = cfg.sidecar.model_copy(update={**no_retry, "drain_timeout": 60.0,
                                              "command": _wrap(cfg.sidecar.command, "sidecar.command", sc)})
     export = cfg.export.model_copy(update={

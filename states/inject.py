@@ -56,7 +56,7 @@ async def run(ctx: RoundContext) -> Outcome:
     # Upstream builds no curriculum after the last round (run_full_train.sh: `if i+1 <
     # NUM_ROUNDS`). Should `campaign.rounds` be raised later, the next TRAIN builds it first
     # (RoundContext.ensure_inputs), from this record.
-    built = not _last_round(ctx)
+    built = not _last_round(ctx) or ctx.cfg.inject.after_last_round
     if built:
         problem = await ctx.build_next_curriculum(STATE)
         if problem:
