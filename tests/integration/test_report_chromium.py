@@ -146,6 +146,8 @@ def test_journal_is_what_the_report_read(faulted_report: Path) -> None:
     """The report's data match the journal: both rounds done, one crash, the free-disk series."""
     data = report.gather(faulted_report.parent / "campaign.toml")
     assert [r["round"] for r in data.rounds_done] == [0, 1]
-    assert [k for _, _, k, _ in data.marks] == ["crash"]
+    # One crash; a retry or a ShopSim restart may be marked too when a loaded box slows the resume.
+    kinds = [k for _, _, k, _ in data.marks]
+    assert kinds.count("crash") == 1 and set(kinds) <= {"crash", "restart"}, data.marks
     assert len(data.disk) > 5 and sorted(data.step_seconds) == [0, 1]
     assert json.dumps(data.environment)  # plain strings only
