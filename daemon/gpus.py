@@ -1,7 +1,8 @@
 """GPU hygiene between stages: no GPU stage starts on GPUs an earlier stage left taken.
 
-slime's rollout engines and SGLang's schedulers can outlive their job (upstream runs
-``ray stop --force`` around every job, and notes orphaned schedulers). A trainer or val
+slime's rollout engines and SGLang's schedulers can outlive their job (upstream stops the
+whole Ray cluster by name around every job, and notes orphaned schedulers; shoprld stops only
+processes it can prove are its own). A trainer or val
 server started next to such a straggler runs out of GPU memory, or worse, shares the GPU
 and runs slowly all night. So before a GPU stage starts (the trainer in TRAIN, the val server
 in VAL or GATE), :func:`ensure_free` looks at the visible GPUs (``gpus.visible``, nvidia-smi's
