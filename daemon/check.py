@@ -27,9 +27,9 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
     values: dict[str, str] = {}
     if templates_ok:
-        from .commands import round_values
+        from .roundplan import resolve
 
-        values = dict(round_values(cfg, layout, 0))
+        values = dict(resolve(cfg, layout, 0).values)
     # A too-long TMPDIR early: it is a config error that only shows hours into a round.
     problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
     try:

@@ -95,6 +95,7 @@ __all__ = [
     "detect_watch_mode",
     "is_complete",
     "iter_dir",
+    "iter_name",
     "read_tracker",
     "retention_plan",
     "scan",
@@ -128,9 +129,15 @@ def _log() -> FilteringBoundLogger:
     return logger
 
 
+def iter_name(iteration: int) -> str:
+    """Megatron's name for the checkpoint of ``iteration`` (``iter_{N:07d}``): the one place it
+    is spelled; a round's ``weight_version`` is this name too."""
+    return f"iter_{iteration:07d}"
+
+
 def iter_dir(save_dir: Path, iteration: int) -> Path:
-    """The path Megatron uses for ``iteration`` under ``save_dir`` (``iter_{N:07d}``)."""
-    return Path(save_dir) / f"iter_{iteration:07d}"
+    """The path Megatron uses for ``iteration`` under ``save_dir`` (:func:`iter_name`)."""
+    return Path(save_dir) / iter_name(iteration)
 
 
 def _iteration_of(name: str) -> int | None:
@@ -669,8 +676,8 @@ def _refusal(path: str, root: str, iteration: int) -> str | None:
     real = os.path.realpath(path)
     if os.path.dirname(real) != root:
         return f"resolves to {real}, not directly inside {root}"
-    if os.path.basename(real) != f"iter_{iteration:07d}":
-        return f"resolves to {real}, which is not iter_{iteration:07d}"
+    if os.path.basename(real) != iter_name(iteration):
+        return f"resolves to {real}, which is not {iter_name(iteration)}"
     if not os.path.isdir(real):
         return "is not a directory"
     return None

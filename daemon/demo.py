@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .engine import demo_dir, run_campaign
+from .engine import run_campaign
 from .errors import ConfigError
+from .roundplan import demo_dir
 
 FAKE_ENV = (
     "# Demo secrets: obviously fake values. The demo's trainer stand-in checks that\n"

@@ -54,6 +54,7 @@ from .layout import Layout
 from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
 from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
 from .store import SOCKET_FILE, Store, atomic_write_json
@@ -93,12 +94,6 @@ log = structlog.get_logger("shoprld.engine")
 ALERT_DRAIN_S = 30.0
 
 
-def demo_dir() -> Path:
-    import shoprld.recipes.demo as d
-
-    return Path(d.__file__).resolve().parent
-
-
 class _Stop:
     """The stop flags stages can read (StopFlags protocol)."""
 
@@ -117,10 +112,11 @@ class _TaggingLauncher:
     def __init__(self, inner: Launcher, tag: str) -> None:
         self._inner, self._tag = inner, tag
 
-    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any) -> Child:
+    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
+                    round: RoundValues | None = None) -> Child:
         tag = f"{self._tag}|{role}"
         child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,
-                                        redacted_argv=redacted_argv)
+                                        redacted_argv=redacted_argv, round=round)
         child.record.tag = tag
         return child
 
@@ -564,13 +560,12 @@ class Engine:
         }.get(state, ProcessSpec(retries=2))
 
     def _ctx(self, round_index: int | None = None, attempt: int | None = None) -> base.RoundContext:
+        plan = RoundPlan(self.cfg, self.layout, self.round if round_index is None else round_index, self.secrets,
+                         python=self.python, demo_dir=self.demo_dir, base_env=self.base_env)
         return base.RoundContext(
-            cfg=self.cfg, layout=self.layout, secrets=self.secrets,
-            round=self.round if round_index is None else round_index,
-            launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
+            plan=plan, launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
             val_server=self.val_server, emit=self._emit, register_child=self._register,
             unregister_child=self._unregister, find_child=self._find_child, stop=self.stop,
-            base_env=self.base_env, python=self.python, demo_dir=self.demo_dir,
             attempt=self.attempt if attempt is None else attempt,
         )
 
@@ -608,7 +603,7 @@ class Engine:
         order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
         for child in order:
             if child.record.role == "shopsim":
-                self.shopsim.vouch(self._ctx())  # the trainer is stopped: all it saved ran against this ShopSim
+                self.shopsim.vouch(self.layout.save_dir)  # the trainer is stopped: all it saved ran against this ShopSim
                 if self.shopsim.external:
                     continue
             if force:
@@ -1053,7 +1048,7 @@ class Engine:
     def _round_finished(self) -> None:
         ctx = self._ctx()
         started = ctx.read_record("round") or {}
-        summary = base.read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
+        summary = base.read_json(ctx.plan.bare_val_dir / "summary.json") or {}
         primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
         gate_rec = ctx.read_record("gate") or {}
         inject_rec = ctx.read_record("inject") or {}

@@ -68,7 +68,7 @@ async def run(ctx: RoundContext) -> Outcome:
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
     if trainer is None:
-        await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
+        await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
         # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
         # look legitimate. An earlier attempt's sidecar may still run: stop it (a fresh one
@@ -78,13 +78,13 @@ async def run(ctx: RoundContext) -> Outcome:
             ctx.emit("sidecar.stopped_for_recovery", pid=stale.pid)
             await stale.stop(cfg.sidecar.grace)
             ctx.unregister_child(stale)
-        problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
+        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
     if trainer is None:
         # Never (re)launch against a dead or restarting ShopSim (e.g. the supervisor is still
         # restarting the one that died in this TRAIN): its rollouts would go unscored.
-        problem = await ctx.shopsim.wait_ready(ctx, before="before the trainer starts")
+        problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
         # Settle again now that ShopSim is back: the supervisor (one look a second) may have
@@ -92,9 +92,9 @@ async def run(ctx: RoundContext) -> Outcome:
         # at once, and TRAIN's retry is quicker than that look). Left marked, the outage would
         # freeze the witness, and every checkpoint this trainer saves against the live, restarted
         # ShopSim would be rolled back and retrained at the end of TRAIN (a whole round).
-        if await ctx.shopsim.settle_outage(ctx):
+        if await ctx.shopsim.settle_outage(ctx.plan, ctx):
             _repair_tracker(ctx)
-        problem = await gpus.ensure_free(ctx, "trainer")  # no straggler of an earlier stage on the GPUs
+        problem = await gpus.ensure_free(ctx.plan, ctx, "trainer")  # no straggler of an earlier stage on the GPUs
         if problem:
             return Outcome.retry(problem)
     sidecar = await _start_sidecar(ctx)
@@ -118,20 +118,20 @@ async def run(ctx: RoundContext) -> Outcome:
         return Outcome.retry(stalled, progressed=progressed, stall=True)
     # ShopSim must have been alive for the last steps too: check it once more before any
     # later stage uses the checkpoint (the supervisor looks only once a second).
-    ctx.shopsim.vouch(ctx)
-    if await ctx.shopsim.settle_outage(ctx):
+    ctx.shopsim.vouch(ctx.layout.save_dir)
+    if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
     if completed(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)
-        return Outcome.done(f"iter_{ctx.end_iteration:07d} complete", progressed=True)
+        return Outcome.done(f"{ctx.plan.checkpoint_name} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
     if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
         return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})",
                        {"progressed": progressed, "returncode": trainer.returncode})
     return Outcome.retry(
-        f"trainer exited (status {trainer.returncode}) before iter_{ctx.end_iteration:07d} was complete; "
+        f"trainer exited (status {trainer.returncode}) before {ctx.plan.checkpoint_name} was complete; "
         f"see {ctx.log_path(STATE)}", progressed=progressed, returncode=trainer.returncode)
 
 
@@ -142,7 +142,7 @@ async def _start_sidecar(ctx: RoundContext) -> Child | None:
     child = ctx.find_child("sidecar")
     if child is not None:
         return child
-    Path(ctx.values()["stop_file"]).unlink(missing_ok=True)
+    ctx.plan.stop_file.unlink(missing_ok=True)
     return await ctx.start("sidecar", spec.command, spec, state=STATE)
 
 
@@ -154,7 +154,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     so the round's failure cards are complete whatever happened to the first one."""
     if child is None:
         return
-    stop_file = Path(ctx.values()["stop_file"])
+    stop_file = ctx.plan.stop_file
     stop_file.parent.mkdir(parents=True, exist_ok=True)
     stop_file.touch()
     if not child.alive():
@@ -171,7 +171,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
     if forced:  # each analysis it was running held a ShopSim lease that nobody will release
-        problem = await ctx.shopsim.recover_leaks(ctx, reason="after the sidecar was stopped")
+        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="after the sidecar was stopped")
         if problem:
             ctx.emit("shopsim.recovery_deferred", problem=problem, note="retried before the bare val")
 
