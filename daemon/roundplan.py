@@ -68,7 +68,9 @@ def demo_dir() -> Path:
     return Path(shoprld.recipes.demo.__file__).resolve().parent
 
 
-def _host_port(url: str, default: int) -> tuple[str, int]:
+def host_port(url: str, default: int) -> tuple[str, int]:
+    """(host, port) of a service URL: the round's ``{shopsim_port}``/``{val_host}`` and where a
+    service's port must be free before it starts."""
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or default
 
@@ -238,8 +240,8 @@ class RoundPlan:
     def values(self, facts: RoundFacts) -> dict[str, str]:
         """Every {placeholder} for this round (config.PLACEHOLDERS documents them)."""
         cfg, lay = self.cfg, self.layout
-        shop_host, shop_port = _host_port(cfg.shopsim.url, 5700)
-        val_host, val_port = _host_port(cfg.val.url, 30000)
+        shop_host, shop_port = host_port(cfg.shopsim.url, 5700)
+        val_host, val_port = host_port(cfg.val.url, 30000)
         v = {
             "python": self.python, "recipe_dir": str(cfg.source.parent), "demo_dir": str(self.demo_dir),
             "repo": str(lay.repo), "project_root": str(lay.project_root), "runs": str(self.runs),

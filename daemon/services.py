@@ -49,7 +49,7 @@ from . import gpus
 from .config import ProcessSpec
 from .errors import StageFailed
 from .processes import Child, ChildHost, wait_port_free
-from .roundplan import RoundPlan, read_json
+from .roundplan import RoundPlan, host_port, read_json
 from .store import atomic_write, replace_json
 
 
@@ -81,11 +81,6 @@ async def get_json(http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> t
         return r.status_code, r.json()
     except ValueError:
         return r.status_code, None
-
-
-def _host_port(url: str, default: int) -> tuple[str, int]:
-    parts = httpx.URL(url)
-    return parts.host or "127.0.0.1", parts.port or default
 
 
 # The campaign's ShopSim clients: while one runs, leased slots are legitimate.
@@ -255,7 +250,7 @@ class ShopsimService:
         if self.child is None:
             if not cfg.manage or not cfg.command:
                 return f"shopsim at {cfg.url} is not ready and shopsim.command is not set; start it or configure it"
-            addr, port = _host_port(cfg.url, 5700)
+            addr, port = host_port(cfg.url, 5700)
             if not await wait_port_free(addr, port, timeout=min(30.0, cfg.start_timeout)):
                 return f"{addr}:{port} is held by something that is not a ready ShopSim; free the port"
             _redirect_service_log(plan, host)
@@ -445,7 +440,7 @@ class ValServerService:
             await self.stop(plan, host)
         if problem := await gpus.ensure_free(plan, host, "val server"):  # no straggler of an earlier stage
             return problem
-        addr, port = _host_port(cfg.url, 30000)
+        addr, port = host_port(cfg.url, 30000)
         if not await wait_port_free(addr, port, timeout=min(60.0, cfg.ready_timeout)):
             return f"{addr}:{port} is still in use; the val server cannot start there"
         self.child = await host.spawn(plan, "val_server", cfg.server_command, cfg, state="VALSERVER",
@@ -511,6 +506,6 @@ class ValServerService:
         host.unregister_child(self.child)
         self.child = None
         self.serving = None
-        addr, port = _host_port(plan.cfg.val.url, 30000)
+        addr, port = host_port(plan.cfg.val.url, 30000)
         await wait_port_free(addr, port, timeout=30)
         host.emit("val_server.stopped")
