@@ -58,11 +58,14 @@ from typing import Any
 import anyio
 import httpx
 
+from .condaenv import activation_argv
 from .config import Config, expand
 from .errors import ConfigError
 from .layout import Layout
 from .processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from .roundplan import RoundValues
+from .secrets import KNOWN_SECRET_KEYS
+from .store import atomic_write_json
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -378,8 +381,6 @@ def entrypoint_of(argv: Sequence[str], cwd: Path | None) -> str:
 
 def secret_names(cfg: Config) -> set[str]:
     """Every env name that holds a secret for the trainer job."""
-    from .secrets import KNOWN_SECRET_KEYS
-
     return set(KNOWN_SECRET_KEYS) | set(cfg.train.secrets) | set(cfg.secrets.required)
 
 
@@ -573,8 +574,6 @@ class RayLauncher:
 
     def _note_job(self, round_id: str, sid: str) -> None:
         """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""
-        from .store import atomic_write_json
-
         path = self.layout.artifacts / "round" / f"{round_id}.json"
         try:
             data = json.loads(path.read_text()) if path.exists() else {}
@@ -598,8 +597,6 @@ class RayLauncher:
                               f"{self.cfg.train.ray_address}; fix: give the `ray start --head --block ...` argv")
         argv = expand(list(self.cfg.train.ray_head_command), dict(values))
         if self.cfg.train.conda_prefix is not None:
-            from .condaenv import activation_argv
-
             argv = activation_argv(self.cfg.train.conda_prefix, argv)
         env = self.layout.child_env(self.cfg)
         env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
@@ -609,8 +606,6 @@ class RayLauncher:
         self.head = head
         rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,
                "address": self.cfg.train.ray_address, "started_at": time.time()}
-        from .store import atomic_write_json
-
         atomic_write_json(self.layout.ray_tmp / _HEAD_RECORD, rec)
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
