@@ -209,14 +209,14 @@ class ShopsimService:
         self._outage = False
         if used:
             host.emit("shopsim.outage_after_use", iterations=used, witnessed=safe,
-                     note="a later stage already used these weights; not retrained")
+                      note="a later stage already used these weights; not retrained")
             self._witness(scan.tracker.iteration)
             return False
         if not doomed:
             self._witness(safe)
             return False
         host.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
-                 reason="saved after ShopSim was last seen alive: may hold a partial rollout")
+                  reason="saved after ShopSim was last seen alive: may hold a partial rollout")
         ckpt.delete_checkpoints(doomed, save_dir=save)
         tracker = save / ckpt.TRACKER_NAME
         kept = [c for c in scan.checkpoints if c.complete and safe is not None and c.iteration <= safe]
@@ -307,7 +307,7 @@ class ShopsimService:
             sent = await self.release_all(plan, host)
             health = await self.health(plan, host)
             host.emit("shopsim.release_all", attempt=attempt, answered=sent, free_slots=self.free_slots,
-                     slots=self.environment_slots)
+                      slots=self.environment_slots)
             if health is not None and self.free_slots is not None and self.environment_slots is not None \
                     and self.free_slots >= self.environment_slots:
                 host.emit("shopsim.leaks_recovered", how="release_all", attempts=attempt)
@@ -444,7 +444,7 @@ class ValServerService:
         if not await wait_port_free(addr, port, timeout=min(60.0, cfg.ready_timeout)):
             return f"{addr}:{port} is still in use; the val server cannot start there"
         self.child = await host.spawn(plan, "val_server", cfg.server_command, cfg, state="VALSERVER",
-                                     extra_env=dict(cfg.server_env))
+                                      extra_env=dict(cfg.server_env))
         deadline = host.clock.monotonic() + cfg.ready_timeout
         while host.clock.monotonic() < deadline:
             if not self.child.alive():
@@ -475,7 +475,7 @@ class ValServerService:
                 await host.http.post(self._url(plan, "/resume_memory_occupation"), json={}, timeout=60)
                 self.parked = False
             r = await host.http.post(self._url(plan, "/update_weights_from_disk"),
-                                    json={"model_path": str(plan.hf_dir), "weight_version": plan.weight_version},
+                                     json={"model_path": str(plan.hf_dir), "weight_version": plan.weight_version},
                                     timeout=plan.cfg.val.ready_timeout)
             body = r.json()
         except (httpx.HTTPError, ValueError) as exc:
