@@ -35,6 +35,7 @@ from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 from shoprld.daemon.services import CLIENT_ROLES
+from shoprld.daemon.store import atomic_write
 
 from .base import Outcome, RoundContext
 
@@ -116,7 +117,13 @@ async def run(ctx: RoundContext) -> Outcome:
         if trainer.alive():
             await trainer.stop(cfg.train.grace)
         ctx.unregister_child(trainer)
-    if followed.wrong_resume:  # stopped before its first save: nothing it trained is on disk
+    if followed.wrong_resume:
+        assert resume is not None  # only a checked launch has a wrong resume
+        # A save it made before the stop (a short save interval) moved the tracker onto its
+        # wrongly numbered iteration: the next run must resume from what this launch loaded.
+        tracker = ckpt.scan(ctx.layout.save_dir).tracker
+        if tracker.iteration != resume.iteration:
+            _point_tracker(ctx, was=tracker.iteration, now=resume.iteration)
         return Outcome.fail(followed.wrong_resume)
     after = ckpt.scan(ctx.layout.save_dir).latest_complete
     progressed = after is not None and (before is None or after.iteration > before.iteration)
@@ -206,8 +213,6 @@ def _repair_tracker(ctx: RoundContext) -> None:
     """A tracker naming a torn save would make slime (Megatron) fail to load: point it back at
     the newest complete checkpoint, or set it aside when there is none, so ``--load`` resumes
     from what is really on disk. Only ever done while no trainer runs."""
-    from shoprld.daemon.store import atomic_write
-
     save = ctx.layout.save_dir
     scan = ckpt.scan(save)
     tracker = scan.tracker
@@ -216,12 +221,17 @@ def _repair_tracker(ctx: RoundContext) -> None:
     good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
     path = save / ckpt.TRACKER_NAME
     if good:
-        atomic_write(path, f"{good[-1].iteration}\n".encode())
-        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=good[-1].iteration)
+        _point_tracker(ctx, was=tracker.iteration, now=good[-1].iteration)
     else:
         path.rename(path.with_name(f"{path.name}.torn-{int(ctx.clock.time())}"))
         ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=None)
     _prune_partials(ctx)
+
+
+def _point_tracker(ctx: RoundContext, *, was: int | None, now: int) -> None:
+    """Point Megatron's tracker at iteration ``now`` (atomically; only while no trainer runs)."""
+    atomic_write(ctx.layout.save_dir / ckpt.TRACKER_NAME, f"{now}\n".encode())
+    ctx.emit("checkpoint.tracker_repaired", was=was, now=now)
 
 
 def _prune_partials(ctx: RoundContext) -> None:
@@ -238,8 +248,13 @@ class ResumePoint:
     """Where a launch that loads the campaign's save dir must resume (slime's rule)."""
 
     checkpoint: Path  # the iter dir the tracker names: what ``--load`` restores
-    expected: int     # its first rollout id: tracker + 1
+    iteration: int    # its iteration (the tracker's)
     rerun: int        # rollouts this round's log showed past that checkpoint: trained again
+
+    @property
+    def expected(self) -> int:
+        """The launch's first rollout id: slime's ``start_rollout_id = loaded_rollout_id + 1``."""
+        return self.iteration + 1
 
 
 @dataclass(frozen=True)
@@ -261,7 +276,7 @@ def resume_point(ctx: RoundContext) -> ResumePoint | None:
     if not scan.consistent or loaded is None:
         return None
     seen = _read_progress(ctx.log_path(STATE), 0, re.compile(ctx.cfg.train.progress_pattern))[1]
-    return ResumePoint(checkpoint=loaded.path, expected=loaded.iteration + 1,
+    return ResumePoint(checkpoint=loaded.path, iteration=loaded.iteration,
                        rerun=max(0, max(seen, default=loaded.iteration) - loaded.iteration))
 
 
@@ -274,8 +289,9 @@ def _check_resume(ctx: RoundContext, resume: ResumePoint, first: int) -> str | N
     if ok:
         return None
     return (f"wrong resume: the trainer loaded {resume.checkpoint} but its first rollout was {first}, "
-            f"not {resume.expected} (tracker + 1; slime#1558); stopped before it trained on the wrong data; "
-            f"fix the trainer's resume (--load, --start-rollout-id), then run shoprld again")
+            f"not {resume.expected} (tracker + 1; slime#1558); stopped at that rollout, before it trains "
+            f"a round on the wrong data; fix the trainer's resume (--load, --start-rollout-id), then run "
+            f"shoprld again")
 
 
 async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None = None) -> Followed:
