@@ -1016,7 +1016,8 @@ class Engine:
         elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
                        "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use", "shopsim.ready",
                        "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
-                       "shopsim.restart_failed", "sidecar.drain_timeout", "sidecar.stopped_for_recovery"):
+                       "shopsim.restart_failed", "sidecar.drain_timeout", "shopsim.client_stopped_for_recovery",
+                       "train.resume_check", "train.stacks_dumped"):  # issue 17: the resume check; a stall's evidence
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)

@@ -27,8 +27,9 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
-DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
-DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
+DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
+DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION);
+run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Faults:
         self.die_mid_save_at = c.env_int("DEMO_DIE_MID_SAVE_AT", None)
         self.hang_on_start = c.env_flag("DEMO_HANG_ON_START")
         self.leak_leases = c.env_flag("DEMO_LEAK_LEASES")
+        self.resume_at_zero = c.env_flag("DEMO_FAULT_RESUME_AT_ZERO")
         self.once_dir = os.environ.get("DEMO_FAULT_ONCE_DIR") or None
 
     def fire(self, name: str) -> bool:
@@ -384,6 +386,12 @@ def main() -> int:
     loaded = read_tracker(args.load) if args.load else None
     tracker = None if loaded is None else loaded[0]
     start = 0 if tracker is None else tracker + 1
+    # slime#1558: --load restored the weights, but the rollout count restarted at 0. Only a
+    # numbered checkpoint (a resume), not the converted base (`release`).
+    if faults.resume_at_zero and loaded is not None and loaded[1].name != "release" \
+            and faults.fire("resume_at_zero"):
+        log(f"[demo fault] loaded iteration {tracker}, but rollouts restart at 0 (slime#1558)")
+        start = 0
     end = args.num_rollout
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
     cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}

@@ -202,6 +202,26 @@ def test_once_only_fault_lets_the_restart_proceed(tmp_path: Path) -> None:
     assert (tmp_path / "s" / c.TRACKER).read_text() == "5"
 
 
+def test_resume_at_zero_restarts_the_count_after_a_numbered_load_only(tmp_path: Path) -> None:
+    """DEMO_FAULT_RESUME_AT_ZERO (slime#1558): after --load of iteration 5 the rollouts restart at 0,
+    not 6; from the converted base (`release`) the count is untouched; with DEMO_FAULT_ONCE_DIR the
+    next launch resumes right."""
+    assert train("--init-base", str(tmp_path / "base")).returncode == 0
+    knobs = {"DEMO_FAULT_RESUME_AT_ZERO": "1", "DEMO_FAULT_ONCE_DIR": str(tmp_path / "once")}
+    base = train("--load", str(tmp_path / "base"), "--save", str(tmp_path / "b"), "--save-interval", "100",
+                 "--num-rollout", "3", **knobs)
+    assert base.returncode == 0 and rollouts_run(base.stdout) == [1, 2]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / c.TRACKER).write_text("5")
+    args = ["--load", str(tmp_path / "s"), "--save", str(tmp_path / "s"), "--save-interval", "100", "--num-rollout", "8"]
+    wrong = train(*args, **knobs)
+    assert wrong.returncode == 0, wrong.stderr
+    assert rollouts_run(wrong.stdout) == list(range(8)) and "start_rollout_id=0 " in wrong.stdout
+    assert (tmp_path / "once" / "resume_at_zero").is_file()
+    (tmp_path / "s" / c.TRACKER).write_text("5")
+    assert rollouts_run(train(*args, **knobs).stdout) == [6, 7]
+
+
 def test_stall_at_stays_alive_without_progress(tmp_path: Path, procs: Procs) -> None:
     """DEMO_STALL_AT=k: the trainer stays alive at rollout k and prints no further progress."""
     p = procs.start("slime_train.py", "--save", str(tmp_path), "--save-interval", "1", "--num-rollout", "10",
