@@ -33,6 +33,14 @@ What it runs and measures (every daemon is a real ``shoprld run`` process):
    (disk 1 s, rescan 30 s, poll 1 s).
 5. status latency: ``shoprld status --json`` and the plain human view, 20 runs each, as
    subprocesses against the live daemon of (4).
+6. the hand-off's profile (issue 17, item 5): a fault-free campaign with the daemon under
+   cProfile; calls and cumulative ms of each function between a stage's outcome and the next
+   spawn (``HANDOFF_PATH``), per hand-off. ``fsyncs_per_handoff`` also counts the renames the
+   event loop's thread makes (a rename over an existing file can block like an fsync on ext4),
+   and ``bars`` gives the transition overhead as a ratio against the fsync floor.
+
+``--only a,b`` runs only the named sections; ``--rounds N`` sets the campaign length of the
+transition and profile sections.
 
 Caveat: 2 shared cores with other work running; fsync cost on this disk dominates the
 transition figures. Disk reaction and inotify detection have their own benches
@@ -192,12 +200,16 @@ def bench_fsyncs(root: Path, rounds: int = 2) -> dict[str, Any]:
     campaign = make_tree(root, rounds=rounds)
     trace = root / "strace.txt"
     with open(root / "daemon.log", "wb") as out:
-        proc = subprocess.run([strace, "-ttt", "-e", "trace=fsync,fdatasync", "-o", str(trace),
+        proc = subprocess.run([strace, "-ttt", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-o", str(trace),
                                *SHOPRLD, "run", "-c", str(campaign)], env=daemon_env(), stdout=out,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600)
-    stamps = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) f(?:data)?sync\(", trace.read_text(), re.M)]
+    text = trace.read_text()
+    stamps = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) f(?:data)?sync\(", text, re.M)]
+    # A rename over an existing file can block like an fsync on ext4 (auto_da_alloc): count them too.
+    renames = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) rename(?:at2?)?\(", text, re.M)]
     recs = journal(root)
     per: dict[str, list[int]] = {}
+    per_rename: dict[str, list[int]] = {}
     tails: list[int] = []
     for i, r in enumerate(recs):
         if r["event"] != "stage.outcome":
@@ -210,11 +222,17 @@ def bench_fsyncs(root: Path, rounds: int = 2) -> dict[str, Any]:
         if spawn is None:
             continue
         per.setdefault(f"{key[0]}->{key[1]}", []).append(sum(1 for t in stamps if r["t"] - 5e-4 <= t <= spawn["t"] + 5e-4))
+        per_rename.setdefault(f"{key[0]}->{key[1]}", []).append(
+            sum(1 for t in renames if r["t"] - 5e-4 <= t <= spawn["t"] + 5e-4))
         tails.append(sum(1 for t in stamps if recs[i - 1]["t"] < t < r["t"] - 5e-4))
     every = [n for v in per.values() for n in v]
-    return {"exit": proc.returncode, "fsyncs_total": len(stamps),
+    every_rename = [n for v in per_rename.values() for n in v]
+    return {"exit": proc.returncode, "fsyncs_total": len(stamps), "renames_total": len(renames),
             "outcome_to_next_spawn": {"min": min(every, default=None), "max": max(every, default=None),
                                       "by_handoff": {k: sorted(set(v)) for k, v in per.items()}},
+            "renames_outcome_to_next_spawn": {"min": min(every_rename, default=None),
+                                              "max": max(every_rename, default=None),
+                                              "by_handoff": {k: sorted(set(v)) for k, v in per_rename.items()}},
             "stage_tail_before_outcome": {"min": min(tails, default=None), "max": max(tails, default=None)},
             "note": "at SPEC's floor (an atomic write, 2 fsyncs, 0.9 ms p50) ~0.45 ms per fsync: 20 fsyncs "
                     "per hand-off is ~9 ms of the 10 ms bar before any other work"}
@@ -261,7 +279,9 @@ def bench_handoff_profile(root: Path, rounds: int) -> dict[str, Any]:
     for module, name, what in HANDOFF_PATH:
         calls, cum = 0, 0.0
         for (path, _, func), (_, ncalls, _, cumtime, _) in stats.items():
-            if func == name and (path.endswith("/" + module) if module else path == "~"):
+            # cProfile names a builtin ("~", 0, "<built-in method posix.fsync>")
+            if (func == name and path.endswith("/" + module)) if module else \
+                    (path == "~" and func == f"<built-in method posix.{name}>"):
                 calls, cum = calls + ncalls, cum + cumtime
         if calls:
             rows.append({"function": f"{module or 'builtin'}:{name}", "what": what, "calls": calls,
@@ -604,7 +624,10 @@ def _bars(r: dict[str, Any]) -> dict[str, Any]:
                                                                 g("floors", "atomic_write_fsync_ms", "p50")),
                                        "bar": BARS["transition_p95_ms"], "met": g("transitions", "met"),
                                        "fsyncs_per_handoff": [g("fsyncs_per_handoff", "outcome_to_next_spawn", "min"),
-                                                              g("fsyncs_per_handoff", "outcome_to_next_spawn", "max")]},
+                                                              g("fsyncs_per_handoff", "outcome_to_next_spawn", "max")],
+                                       "loop_renames_per_handoff": [
+                                           g("fsyncs_per_handoff", "renames_outcome_to_next_spawn", "min"),
+                                           g("fsyncs_per_handoff", "renames_outcome_to_next_spawn", "max")]},
         "checkpoint_detection_p95_ms": {"value": g("transitions", "checkpoint_detection_ms", "p95"),
                                         "bar": BARS["detection_p95_ms"],
                                         "met": g("transitions", "checkpoint_detection_ms", "met")},
