@@ -171,6 +171,7 @@ class LatestWriter:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
                 data, self._pending, self._busy = self._pending, None, True
+            assert data is not None  # wait_for's predicate
             try:
                 _replace_bytes(self.path, data, mode=self.mode)
             except OSError as exc:
