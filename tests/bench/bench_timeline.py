@@ -97,6 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     PYTHON,
+    ROLLOUT_RE,
     ROOT,
     SEED_LOOP,
     SHIM,
@@ -512,7 +513,7 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
 def _trainer_stepped_since_start(text: str) -> bool:
     """Did the last trainer launch in this log make a step (a rollout line after its start)?"""
     i = text.rfind("start_rollout_id=")
-    return i >= 0 and re.search(r"^rollout \d+/", text[i:], flags=re.M) is not None
+    return i >= 0 and ROLLOUT_RE.search(text[i:].encode()) is not None
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
