@@ -17,7 +17,9 @@ REFERENCE.md ("Megatron checkpoints"):
 - a trainer relaunch costs the "gate -> next slime start" gap, ~52 s, plus that load;
 - the issue counts two faults in the 25 h night. One is round-001's stall; the other is not
   described, so it is modelled as a trainer crash in the middle of a round (the bench's
-  round-002 fault).
+  round-002 fault). What it cost the seed is unknown, so it stays in the seed's round times
+  (``lost_in_seed_s=0``) and shoprld's cost for it is added on top: conservative, it may count
+  that fault twice.
 
 shoprld's policy, as the recipe configures it:
 
