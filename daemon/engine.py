@@ -141,7 +141,7 @@ class Engine:
         self._transport = transport
         # The one Redactor every persisted or sent text passes through, whoever built it.
         self.redactor = secrets.redactor
-        self.store = Store(layout.state_dir, redactor=self.redactor)
+        self.store = Store(layout.state_dir, redactor=self.redactor, status_in_background=True)
         self.machine = Machine()
         self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
         self.children: dict[str, Child] = {}

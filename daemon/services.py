@@ -37,6 +37,7 @@ rounds: ``/release_memory_occupation`` during TRAIN, ``/update_weights_from_disk
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,6 +88,8 @@ async def get_json(http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> t
 CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
 # The supervisor's /healthz refresh (status shows free_slots and environment_slots).
 HEALTH_INTERVAL = 5.0
+# A "ready" answer this recent (s) is not asked again (wait_ready right after recover_leaks).
+FRESH_READY_S = 0.5
 # How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
 # (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
 def _supervise_interval() -> float:
@@ -119,6 +122,7 @@ class ShopsimService:
         self._outage = bool((_read_witness(witness) or {}).get("outage"))
         # One start or restart at a time: the supervisor and a stage may both want one.
         self._lock = anyio.Lock()
+        self._ready_seen: float | None = None  # time.monotonic() of the last "ready" answer
 
     async def health(self, plan: RoundPlan, host: ServiceHost) -> dict[str, Any] | None:
         cfg = plan.cfg.shopsim
@@ -126,6 +130,7 @@ class ShopsimService:
         result = body.get("result", body) if isinstance(body, dict) else None
         ok = status == 200 and isinstance(result, dict) and bool(result.get("ready"))
         self.healthy, self.checked_at = ok, host.clock.time()
+        self._ready_seen = time.monotonic() if ok else None
         self.free_slots = _int(result.get("free_slots")) if ok else None
         self.environment_slots = _int(result.get("environment_slots")) if ok else self.environment_slots
         return result if ok else None
@@ -150,7 +155,7 @@ class ShopsimService:
         while True:
             restarting = self._lock.locked()
             dead = self.child is not None and not self.child.alive()
-            if not restarting and not dead and await self.health(plan, host) is not None:
+            if not restarting and not dead and (self._just_ready() or await self.health(plan, host) is not None):
                 if waited:
                     host.emit("shopsim.waited", before=before, free_slots=self.free_slots)
                 return None
@@ -164,6 +169,13 @@ class ShopsimService:
                         "(shopsim.start_timeout); a stage never starts against a dead or restarting ShopSim")
             waited = True
             await anyio.sleep(0.2)
+
+    def _just_ready(self) -> bool:
+        """ShopSim answered "ready" within the last FRESH_READY_S (real seconds, not the clock
+        seam: this is the age of an HTTP answer). Stages ask twice back to back (recover_leaks,
+        then wait_ready): the second probe added a round trip to every trainer, val and gate
+        start without telling anything new (issue 17, item 5)."""
+        return self._ready_seen is not None and time.monotonic() - self._ready_seen < FRESH_READY_S
 
     def vouch(self, save_dir: Path) -> None:
         """While our ShopSim child is alive: every checkpoint the tracker names now was trained
@@ -275,7 +287,7 @@ class ShopsimService:
             await self.child.stop(plan.cfg.shopsim.grace)
             host.unregister_child(self.child)
             self.child = None
-        self.healthy = None
+        self.healthy, self._ready_seen = None, None
 
     async def restart(self, plan: RoundPlan, host: ServiceHost, why: str) -> str | None:
         async with self._lock:

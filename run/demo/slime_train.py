@@ -28,8 +28,8 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
-DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION);
-run/demo/_faults.py lists the trainer's fault knobs for the benches.
+DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_STEP_SECONDS,
+DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
 from __future__ import annotations
@@ -165,6 +165,9 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     c.write_fsync(d / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
     c.fsync_dir(d)
     c.fsync_dir(save)
+    # DEMO_SAVE_SECONDS: the wall time a real save takes beyond these small writes (a 53 GB
+    # checkpoint takes minutes); benchmarks set it so that a save costs what it costs.
+    time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0)
     # Megatron writes the tracker last, with a plain (non-atomic) write.
     with open(save / c.TRACKER, "w") as f:
         f.write(str(iteration))

@@ -106,6 +106,16 @@ def test_checkpoint_files_are_written_in_megatron_order(tmp_path: Path) -> None:
     assert res.stdout.index("saving checkpoint iter 0") < res.stdout.index("successfully saved checkpoint from iteration")
 
 
+def test_save_seconds_delays_the_tracker_not_the_data(tmp_path: Path) -> None:
+    """DEMO_SAVE_SECONDS (the benchmarks' save cost) passes between the last data file and the
+    tracker, so a checkpoint is committed only once its save time has passed (a lower bound: a
+    sleep never ends early)."""
+    res = train("--save", str(tmp_path), "--save-interval", "1", "--num-rollout", "1", DEMO_SAVE_SECONDS="0.3")
+    assert res.returncode == 0, res.stderr
+    gap_ns = (tmp_path / c.TRACKER).stat().st_mtime_ns - (tmp_path / "iter_0000000" / "metadata.json").stat().st_mtime_ns
+    assert gap_ns >= 0.25e9  # file times are kernel-tick coarse
+
+
 def test_save_hf_matches_the_converter_byte_for_byte(tmp_path: Path) -> None:
     """--save-hf and convert_torch_dist_to_hf.py produce identical HF dirs for the same iteration."""
     res = train("--save", str(tmp_path / "s"), "--save-interval", "3", "--num-rollout", "3", "--save-hf", str(tmp_path / "hf"))
