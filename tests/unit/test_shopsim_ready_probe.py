@@ -36,8 +36,8 @@ def test_wait_ready_right_after_a_ready_answer_asks_no_more() -> None:
     svc = ShopsimService()
 
     async def go() -> None:
-        assert await svc.health(ctx) is not None
-        assert await svc.wait_ready(ctx, before="before the gate") is None
+        assert await svc.health(ctx, ctx) is not None
+        assert await svc.wait_ready(ctx, ctx, before="before the gate") is None
 
     anyio.run(go)
     assert seen == ["/healthz"]
@@ -50,8 +50,8 @@ def test_a_not_ready_answer_is_never_reused() -> None:
     svc = ShopsimService()
 
     async def go() -> None:
-        assert await svc.health(ctx) is None
-        assert await svc.wait_ready(ctx, before="before the gate") is None
+        assert await svc.health(ctx, ctx) is None
+        assert await svc.wait_ready(ctx, ctx, before="before the gate") is None
 
     anyio.run(go)
     assert seen == ["/healthz", "/healthz"]
@@ -64,9 +64,9 @@ def test_a_stopped_shopsim_forgets_its_ready_answer() -> None:
     svc = ShopsimService()
 
     async def go() -> None:
-        assert await svc.health(ctx) is not None
-        await svc.stop(ctx)
-        assert await svc.wait_ready(ctx, before="before the trainer starts") is None
+        assert await svc.health(ctx, ctx) is not None
+        await svc.stop(ctx, ctx)
+        assert await svc.wait_ready(ctx, ctx, before="before the trainer starts") is None
 
     anyio.run(go)
     assert seen == ["/healthz", "/healthz"]
