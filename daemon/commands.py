@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from . import saves
 from .config import Config, ProcessSpec, expand_vars
 from .layout import Layout
 from .secrets import MASK, Secrets
@@ -100,6 +101,9 @@ def _planned_context_class() -> type[RoundContext]:
             v = super().values()
             base = self.cfg.train.base_load
             v["load"] = str(base) if self.round == 0 and base is not None else str(self.layout.save_dir)
+            # The interval a launch at the round's start would get now (issue 17, daemon/saves.py).
+            v["save_interval"] = str(saves.plan(self.cfg, self.layout, self.round, now=self.clock.time(),
+                                                planned=True).interval)
             expand_vars(self.cfg.vars, v)
             return v
 

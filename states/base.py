@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon import saves
 from shoprld.daemon.config import Config, ProcessSpec, expand, expand_vars
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.machine import State
@@ -228,7 +229,7 @@ class RoundContext:
             "origin_hf_dir": str(cfg.export.origin_hf_dir or ""),
             "load": str(load), "base_load": str(cfg.train.base_load or ""),
             "num_rollout": str(self.mapping.num_rollout(self.round)),
-            "end_iteration": str(self.end_iteration), "save_interval": str(cfg.train.save_interval),
+            "end_iteration": str(self.end_iteration), "save_interval": saves.placeholder_value(cfg, lay, self.round),
             "round": str(self.round), "round_id": self.round_id, "next_round_id": self.next_round_id,
             "loop_dir": str(self.loop_dir),
             "selected_skillbank": str(self.runs / f"{self.round_id}-online-gate" / "selected_skillbank.json"),

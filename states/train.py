@@ -23,7 +23,7 @@ import anyio
 
 from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon import gpus
+from shoprld.daemon import gpus, saves
 from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
@@ -99,6 +99,9 @@ async def run(ctx: RoundContext) -> Outcome:
             return Outcome.retry(problem)
     sidecar = await _start_sidecar(ctx)
     if trainer is None:
+        # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
+        saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
+                                emit=ctx.emit)
         trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:

@@ -28,7 +28,7 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
-DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
+DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_SAVE_SECONDS, DEMO_TRIAGE_FRACTION).
 """
 
 from __future__ import annotations
@@ -214,6 +214,17 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
              "sample_offset": (iteration + 1) * 16}
     (save / "rollout").mkdir(exist_ok=True)
     c.write_fsync(save / "rollout" / f"global_dataset_state_dict_{iteration}.pt", c.canonical_json(state).encode())
+
+
+def timed_save(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+    """slime's `@timer` around `save_model` (slime/observability/timer.py): `Timer save_model
+    start`, the save (checkpoint, --save-hf, data state), `Timer save_model end (elapsed: X.Xs)`.
+    DEMO_SAVE_SECONDS adds a slow disk's time to each save (a 53 GB save takes minutes)."""
+    slime_log("Timer save_model start", "timer.py:0")
+    t0 = time.monotonic()
+    save_all(args, iteration, faults)
+    time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0))
+    slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.1f}s)", "timer.py:0")
 
 
 # ---------------------------------------------------------------- rollouts
@@ -408,8 +419,10 @@ def main() -> int:
         slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
+        # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
+        # `save_interval` rollouts, and always at the last one (daemon/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
-            save_all(args, rollout_id, faults)
+            timed_save(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
                 and faults.fire("leak_leases")):
             rollouts.run(rollout_id, leak=True)
