@@ -55,7 +55,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,9 @@ def read_history(records: Iterable[Mapping[str, Any]], *, now: float) -> History
     for rec in records:
         event, t = rec.get("event"), _num(rec.get("t"))
         restart = event == "transition" and rec.get("src") is None
-        if prev is not None and prev.get("state") == "TRAIN" and t is not None and not restart:
-            exposure += max(0.0, t - (_num(prev.get("t")) or t))
+        before = _num(prev.get("t")) if prev is not None else None
+        if prev is not None and prev.get("state") == "TRAIN" and t is not None and before is not None and not restart:
+            exposure += max(0.0, t - before)
         if restart and prev is not None and prev.get("state") == "TRAIN":
             died_in_train = _num(prev.get("t"))
         if event == "transition":
@@ -212,28 +213,29 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
     step, step_src = ((history.step_s, "measured (TRAIN's median)") if history.step_s
                       else (saves.step_guess, "guess ([saves] step_guess)"))
     once = max(fixed_interval, num_rollout)  # never fires before the last rollout
-    common = dict(steps_left=steps_left, save_cost_s=cost, save_cost_source=cost_src, mtbf_s=mtbf,
-                  mtbf_source=mtbf_src, step_s=step, step_source=step_src,
-                  disk_room=None if room is None else room.ok,
-                  disk_need_bytes=None if room is None else room.need_bytes,
-                  disk_room_bytes=None if room is None else room.room_bytes)
+    as_fixed = SaveChoice(mode=saves.mode, interval=fixed_interval, mid_round=fixed_interval < steps_left,
+                          reason="train.save_interval ([saves] mode = fixed)", optimum_steps=None,
+                          steps_left=steps_left, save_cost_s=cost, save_cost_source=cost_src, mtbf_s=mtbf,
+                          mtbf_source=mtbf_src, step_s=step, step_source=step_src,
+                          disk_room=None if room is None else room.ok,
+                          disk_need_bytes=None if room is None else room.need_bytes,
+                          disk_room_bytes=None if room is None else room.room_bytes)
     if saves.mode == "fixed":
-        return SaveChoice(mode="fixed", interval=fixed_interval, mid_round=fixed_interval < steps_left,
-                          reason="train.save_interval ([saves] mode = fixed)", optimum_steps=None, **common)
+        return as_fixed
     optimum = young_daly_steps(cost, mtbf, step)
-    if optimum >= steps_left:
-        return SaveChoice(mode="adaptive", interval=once, mid_round=False, optimum_steps=optimum,
-                          reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} "
-                                 "steps left: one save, at the round's end", **common)
+    k = steps_interval(optimum, steps_left, end_iteration)
+    if k >= steps_left:  # an interval of the whole round could still fire once before its end
+        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
+                       reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} "
+                              "steps left: one save, at the round's end")
     if room is None or not room.ok:
         why = ("the volume could not be read" if room is None else
                f"no disk room for a mid-round save (needs {_gib(room.need_bytes)} above the hard limit, "
                f"{_gib(room.room_bytes)} there)")
-        return SaveChoice(mode="adaptive", interval=once, mid_round=False, optimum_steps=optimum,
-                          reason=f"{why}: one save per round, as the seed", **common)
-    k = steps_interval(optimum, steps_left, end_iteration)
-    return SaveChoice(mode="adaptive", interval=k, mid_round=True, optimum_steps=optimum,
-                      reason=f"Young/Daly: a save every {k} steps", **common)
+        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
+                       reason=f"{why}: one save per round, as the seed")
+    return replace(as_fixed, interval=k, mid_round=True, optimum_steps=optimum,
+                   reason=f"Young/Daly: a save every {k} steps")
 
 
 # -- reading the world, once per launch ------------------------------------------------------------
