@@ -94,7 +94,7 @@ def steps_interval(optimum_steps: float, steps_left: int, end_iteration: int) ->
     """The optimum rounded into ``[1, steps_left]``, moved off a save on the step before the
     final one (``end_iteration % k == 0``) when a neighbour within :data:`NUDGE` avoids it."""
     k = max(1, min(steps_left, round(optimum_steps)))
-    if k == 1 or end_iteration % k:
+    if k == 1 or k == steps_left or end_iteration % k:  # steps_left: one save per round, nothing to move
         return k
     reach = max(1, int(k * NUDGE))
     for d in range(1, reach + 1):

@@ -69,6 +69,8 @@ def test_the_interval_stays_in_one_to_steps_left_and_off_the_eve_of_the_final(op
     k0 = max(1, min(left, round(opt)))
     k = saves.steps_interval(opt, left, end)
     assert 1 <= k <= left
+    if k0 == left:
+        assert k == left  # the whole round: one save at its end, whatever the end
     if k != k0:
         assert end % k0 == 0 and end % k != 0 and 2 <= k < left
         assert abs(k - k0) <= max(1, int(k0 * saves.NUDGE))
