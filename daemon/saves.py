@@ -350,7 +350,14 @@ def describe(choice: SaveChoice) -> str:
 
 def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:
     """After a save lands in TRAIN: delete the round's older saves (retention keeps the newest
-    save of the round plus the finals earlier rounds left; ``checkpoints.keep_while_training``)."""
+    save of the round plus the finals earlier rounds left; ``checkpoints.keep_while_training``),
+    so mid-round saves cost one checkpoint's room, the one the disk forecast counts.
+
+    Synchronous, as the engine's other deletions: a few large files, and no await between a
+    stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's witness
+    (``ShopsimService.vouch``) looks once a second, so a ShopSim death in the second between a
+    save and that look rolls back past the pruned save, to the round's previous final: more
+    retraining in that rare case, never a wrong checkpoint."""
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     scan = ckpt.scan(layout.save_dir)
     doomed = ckpt.retention_plan(scan, keep_iterations=ckpt.keep_while_training(scan, m, round_index),
