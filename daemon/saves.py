@@ -226,14 +226,12 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
     k = steps_interval(optimum, steps_left, end_iteration)
     if k >= steps_left:  # an interval of the whole round could still fire once before its end
         return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
-                       reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} "
-                              "steps left: one save, at the round's end")
+                       reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} steps left")
     if room is None or not room.ok:
         why = ("the volume could not be read" if room is None else
                f"no disk room for a mid-round save (needs {_gib(room.need_bytes)} above the hard limit, "
                f"{_gib(room.room_bytes)} there)")
-        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
-                       reason=f"{why}: one save per round, as the seed")
+        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum, reason=why)
     return replace(as_fixed, interval=k, mid_round=True, optimum_steps=optimum,
                    reason=f"Young/Daly: a save every {k} steps")
 
@@ -345,7 +343,7 @@ def describe(choice: SaveChoice) -> str:
               f"step {choice.step_s:.0f}s {_short(choice.step_source)}")
     if choice.mid_round:
         return f"adaptive: a save every {choice.interval} steps ({inputs})"
-    return f"adaptive: one save per round, --save-interval {choice.interval}: {choice.reason} ({inputs})"
+    return f"adaptive: one save per round (--save-interval {choice.interval}), as the seed: {choice.reason} ({inputs})"
 
 
 def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:

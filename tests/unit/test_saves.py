@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon import saves
+from shoprld.daemon.check import run_check
 from shoprld.daemon.checkpoints import IterationMapping, keep_while_training, retention_plan, scan
 from shoprld.daemon.config import SavesSection, load_config
 from shoprld.daemon.layout import Layout
@@ -275,8 +276,6 @@ def test_the_next_launch_reads_the_previous_launchs_save_timings(tmp_path: Path)
 
 def test_no_room_on_the_volume_falls_back_and_check_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A hard limit above the free space: one save per round, and `shoprld check` prints why."""
-    from shoprld.daemon.check import run_check
-
     cfg, layout = _tree(tmp_path, {r'^hard_limit = "64MiB"$': 'hard_limit = "900TiB"',
                                    r'^soft_limit = "128MiB"$': 'soft_limit = "1000TiB"'})
     choice = saves.plan(cfg, layout, 0, now=time.time())
@@ -288,8 +287,6 @@ def test_no_room_on_the_volume_falls_back_and_check_says_so(tmp_path: Path, caps
 
 def test_check_shows_the_adaptive_interval_in_the_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`check --print-commands` shows the trainer's --save-interval as a launch would get it."""
-    from shoprld.daemon.check import run_check
-
     cfg, _ = _tree(tmp_path)
     run_check(cfg.source, print_commands=True)
     out = capsys.readouterr().out

@@ -259,7 +259,7 @@ def test_human_view_shows_the_launchs_save_interval_and_a_fallback() -> None:
     text = human(dict(snapshot(saves=mid), daemon={"alive": True, "pid": 4242}))
     assert "saves      adaptive: a save every 6 steps" in text
     fallback = {"mode": "adaptive", "mid_round": False,
-                "summary": "adaptive: one save per round, --save-interval 10000: no disk room for a mid-round save"}
+                "summary": "adaptive: one save per round (--save-interval 10000), as the seed: no disk room for a mid-round save"}
     assert "no disk room for a mid-round save" in human(dict(snapshot(saves=fallback), daemon={"alive": True}))
     assert "saves " not in human(dict(snapshot(), daemon={"alive": True}))
 
