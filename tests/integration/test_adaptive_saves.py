@@ -10,9 +10,9 @@ import pytest
 
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, run_daemon, status
 
-# At the first launch sqrt(2 x 0.5 s x (2 s + the few seconds TRAIN took before it)) / 1 s: a save
-# every 1-4 steps, so the crash at rollout 16 comes after mid-round saves; each save takes 0.2 s
-# more (a slow disk).
+# At the first launch sqrt(2 x 0.5 s x (2 s + the seconds TRAIN took before it)) / 1 s: a save every
+# few steps (fewer than 16 unless that took minutes), so the crash at rollout 16 comes after a
+# mid-round save; each save takes 0.2 s more (a slow disk).
 ADAPTIVE = {r"^\[sidecar\]$": '[saves]\nmode = "adaptive"\ncost_guess = "0.5s"\nstep_guess = "1s"\n'
                               'prior_faults = 1\nprior_window = "2s"\n\n[sidecar]'}
 
@@ -35,7 +35,7 @@ def test_adaptive_saves_learn_resume_mid_round_and_keep_only_the_finals(tmp_path
     assert [r["round"] for r in chosen][:2] == [0, 0] and chosen[-1]["round"] == 1
     first, relaunch = chosen[0], chosen[1]
     assert first["save_cost_source"].startswith("guess") and first["step_source"].startswith("guess")
-    assert "0 fault(s)" in first["mtbf_source"] and first["mid_round"] and 1 <= first["interval"] <= 5
+    assert "0 fault(s)" in first["mtbf_source"] and first["mid_round"] and 1 <= first["interval"] < 16
     assert first["disk_room"] is True and first["summary"].startswith("adaptive: a save every")
     # The crash came after a mid-round save, so the relaunch has fewer steps left, a measured
     # save (the stand-in's slime timer line, >= the 0.2 s of DEMO_SAVE_SECONDS) and one fault.
