@@ -8,10 +8,13 @@ chosen campaign root, every cache and output path redirected, the ``.env`` keys 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from .config import PLACEHOLDERS, Config, load_config
 from .layout import Layout
+from .saves import describe as describe_saves
+from .saves import plan as plan_saves
 from .secrets import Secrets, load_secrets
 from .validate import Problem
 from .validate import problems as validation_problems
@@ -131,6 +134,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     if warning:
         out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
+    out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")

@@ -670,6 +670,16 @@ def retention_plan(scan: Scan, *, keep_iterations: Iterable[int], trainer_runnin
     return plan
 
 
+def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int) -> set[int]:
+    """The keep set while ``round_index`` trains (issue 17): the newest complete save of the
+    round, and every complete checkpoint outside it (the finals NEXT_ROUND's retention left,
+    which ``--load`` and the export need). The round's older saves are superseded: a fault
+    resumes from the newest, so keeping them would only cost a checkpoint's room each."""
+    complete = [c.iteration for c in scan.checkpoints if c.complete]
+    mine = [i for i in complete if mapping.round_of(i) == round_index]
+    return {i for i in complete if mapping.round_of(i) != round_index} | ({max(mine)} if mine else set())
+
+
 def _refusal(path: str, root: str, iteration: int) -> str | None:
     if os.path.islink(path):
         return "is a symlink"

@@ -47,6 +47,7 @@ from . import bundles
 from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
+from . import saves
 from .alerts import Alerts
 from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
@@ -777,6 +778,10 @@ class Engine:
         self._write_status(force=True)
         if self._guard is not None:  # limits follow the measured checkpoint size
             self._guard.limits = self._limits()
+        if self.machine.state is State.TRAIN:  # issue 17: a save supersedes the round's older ones
+            deleted, freed = saves.prune_superseded(self.cfg, self.layout, self.round)
+            if deleted:
+                self._journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")
         if self.machine.state is State.TRAIN:
             if self.park_pending:
                 return await self._park(self.park_pending)
@@ -1021,6 +1026,10 @@ class Engine:
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
+        elif event.startswith("save."):  # issue 17 (daemon/saves.py): save timings, each launch's interval
+            self._journal(event, **fields)
+            if event == "save.interval":
+                self.snap["saves"] = fields
         elif event == "stage.exit":
             self.attempt_info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already

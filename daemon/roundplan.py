@@ -32,7 +32,6 @@ The stage context (``states/base.RoundContext``) is this plan plus the services.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,24 +42,17 @@ from urllib.parse import urlsplit
 import shoprld.recipes.demo
 
 from . import checkpoints as ckpt
+from . import saves
 from .condaenv import activation_argv
 from .config import Config, ProcessSpec, expand, expand_vars
 from .layout import Layout
 from .secrets import Secrets
+from .store import read_json  # noqa: F401  (re-exported: the stages read records with it)
 
 
 def round_id(index: int) -> str:
     """The round's name in every path and record: ``round-NNN``."""
     return f"round-{index:03d}"
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from disk, or None when missing, torn or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def demo_dir() -> Path:
@@ -77,16 +69,18 @@ def host_port(url: str, default: int) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class RoundFacts:
-    """The two facts on disk that a round's values depend on, read together at one moment."""
+    """The facts on disk that a round's values depend on, read together at one moment."""
 
     committed: bool                                         # the save dir holds a complete checkpoint
     gate: Mapping[str, Any] = field(default_factory=dict)   # this round's GATE record ({} before GATE)
+    save_interval: str = ""                                 # {save_interval} (daemon/saves.py)
 
     @classmethod
     def read(cls, plan: RoundPlan) -> RoundFacts:
         """Scan the save dir (not in planned mode: it does not look) and read the GATE record."""
         committed = not plan.planned and ckpt.scan(plan.layout.save_dir).latest_complete is not None
-        return cls(committed=committed, gate=read_json(plan.record_path("gate")) or {})
+        return cls(committed=committed, gate=read_json(plan.record_path("gate")) or {},
+                   save_interval=saves.placeholder_value(plan.cfg, plan.layout, plan.round, planned=plan.planned))
 
 
 @dataclass(frozen=True)
@@ -251,7 +245,7 @@ class RoundPlan:
             "origin_hf_dir": str(cfg.export.origin_hf_dir or ""),
             "load": str(self.load(facts)), "base_load": str(cfg.train.base_load or ""),
             "num_rollout": str(self.mapping.num_rollout(self.round)),
-            "end_iteration": str(self.end_iteration), "save_interval": str(cfg.train.save_interval),
+            "end_iteration": str(self.end_iteration), "save_interval": facts.save_interval or str(cfg.train.save_interval),
             "round": str(self.round), "round_id": self.round_id, "next_round_id": self.next_round_id,
             "loop_dir": str(self.loop_dir),
             "selected_skillbank": str(self.gate_dir / "selected_skillbank.json"),

@@ -111,6 +111,15 @@ def replace_json(path: Path, obj: Any, *, mode: int = STATE_FILE_MODE) -> None:
     _replace_bytes(path, _json_bytes(obj), mode=mode)
 
 
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from disk, or None when missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 

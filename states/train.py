@@ -30,7 +30,7 @@ import anyio
 
 from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon import gpus
+from shoprld.daemon import gpus, saves
 from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
@@ -103,6 +103,9 @@ async def run(ctx: RoundContext) -> Outcome:
     resume: ResumePoint | None = None
     if trainer is None:
         resume = resume_point(ctx)  # read before the launch: the trainer may save soon after
+        # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
+        saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
+                                emit=ctx.emit)
         trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:

@@ -221,6 +221,16 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
     c.write_fsync(save / "rollout" / f"global_dataset_state_dict_{iteration}.pt", c.canonical_json(state).encode())
 
 
+def timed_save(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+    """slime's `@timer` around `save_model` (slime/observability/timer.py): `Timer save_model
+    start`, the save (checkpoint, --save-hf, data state), `Timer save_model end (elapsed: X.Xs)`.
+    DEMO_SAVE_SECONDS (in write_checkpoint, before the tracker) is part of the time logged."""
+    slime_log("Timer save_model start", "timer.py:0")
+    t0 = time.monotonic()
+    save_all(args, iteration, faults)
+    slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.1f}s)", "timer.py:0")
+
+
 # ---------------------------------------------------------------- rollouts
 
 def read_custom_config(path: str) -> dict[str, Any]:
@@ -419,8 +429,10 @@ def main() -> int:
         slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
+        # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
+        # `save_interval` rollouts, and always at the last one (daemon/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
-            save_all(args, rollout_id, faults)
+            timed_save(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
                 and faults.fire("leak_leases")):
             rollouts.run(rollout_id, leak=True)

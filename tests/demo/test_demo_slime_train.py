@@ -59,6 +59,18 @@ def test_fresh_start_runs_from_zero_and_saves_like_slime(tmp_path: Path) -> None
     assert re.search(r" - perf 11: \{", res.stdout)
 
 
+def test_each_save_is_timed_as_slimes_timer_logs_it(tmp_path: Path) -> None:
+    """Every save is wrapped in slime's `Timer save_model start` / `end (elapsed: X.Xs)` lines
+    (daemon/saves.py reads the cost from them); DEMO_SAVE_SECONDS is a slow disk's extra time."""
+    res = train("--save", str(tmp_path / "s"), "--save-interval", "3", "--num-rollout", "5", DEMO_SAVE_SECONDS="0.3")
+    assert res.returncode == 0, res.stderr
+    assert saves(res.stdout) == [2, 4]
+    assert len(re.findall(r" timer\.py:\d+ - Timer save_model start$", res.stdout, re.M)) == 2
+    elapsed = [float(x) for x in re.findall(r" timer\.py:\d+ - Timer save_model end \(elapsed: (\d+\.\d)s\)$",
+                                            res.stdout, re.M)]
+    assert len(elapsed) == 2 and all(e >= 0.3 for e in elapsed)
+
+
 @pytest.mark.parametrize("tracker", ["5", " 5 \n", "5\n"])
 def test_resume_starts_at_tracker_plus_one(tmp_path: Path, tracker: str) -> None:
     """A tracker holding an integer N (any whitespace) resumes at N+1."""
