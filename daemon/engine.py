@@ -22,6 +22,7 @@ import os
 import signal
 import statistics
 import sys
+from dataclasses import replace
 import time
 from pathlib import Path
 from types import ModuleType
@@ -51,7 +52,36 @@ from .alerts import Alerts
 from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
 from .layout import Layout
-from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
+from .events import (
+    CheckpointSeen,
+    DiskLevel,
+    Event,
+    HygieneFound,
+    RetryDue,
+    SignalReceived,
+    StageOutcome,
+    StopRequested,
+)
+from .machine import (
+    RETRY,
+    ROUND_STATES,
+    WORKING_STATES,
+    Counters,
+    Deadline,
+    Decision,
+    Ending,
+    Enter,
+    Exit,
+    Fail,
+    Finish,
+    Machine,
+    Park,
+    Retry,
+    RetryPolicy,
+    State,
+    Stop,
+    decide,
+)
 from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
@@ -147,19 +177,17 @@ class Engine:
         self.redactor = secrets.redactor
         self.store = Store(layout.state_dir, redactor=self.redactor)
         self.machine = Machine()
-        self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
+        self.send, self.recv = anyio.create_memory_object_stream[Event](256)
         self.children: dict[str, Child] = {}
         self.adoptable: dict[str, ChildRecord] = {}
         self.shopsim = ShopsimService(witness=layout.state_dir / "shopsim.witness")
         self.val_server = ValServerService()
         self.stop = _Stop()
-        self.round = 0
-        self.attempt = 1
-        self.failures: dict[str, int] = {}
+        # The machine's memory between decisions (round, attempt, retries, a pending park).
+        self.counters = Counters(round=0, rounds=cfg.campaign.rounds)
         self.seq = 0
         self.stage_scope: anyio.CancelScope | None = None
         self.hygiene_warnings: list[str] = []  # the repo hygiene guard's current findings
-        self.park_pending: str | None = None
         self.stopping = False
         self.state_data: dict[str, Any] = {}
         self.snap: dict[str, Any] = {}
@@ -175,9 +203,8 @@ class Engine:
             from .metrics import TextfileMetrics
 
             self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
-        # Per failed attempt (issue 18): the cause of each state's last failure (the policy),
-        # and what the running attempt started with (its log offset, its argv and exit).
-        self.last_cause: dict[str, str] = {}
+        # Per failed attempt (issue 18): what the running attempt started with (its log offset,
+        # its argv and exit). The cause of each state's last failure is in the counters.
         self.attempt_info: dict[str, Any] = {}
         self.recovering: str | None = None  # set by a failure or an unclean restart; "recovered" on success
         self.http: httpx.AsyncClient
@@ -186,6 +213,19 @@ class Engine:
         self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
         self._round_started_at: float | None = None
         self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
+
+    @property
+    def round(self) -> int:
+        """The current round's index (kept in the machine's counters)."""
+        return self.counters.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.counters = replace(self.counters, round=value)
+
+    @property
+    def attempt(self) -> int:
+        return self.counters.attempt
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
@@ -247,7 +287,8 @@ class Engine:
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
-        self.round = int(data.get("round") or 0)
+        self.counters = replace(self.counters, round=int(data.get("round") or 0),
+                                restarts=self.state_data["counters"]["restarts"])
         for role, raw in (data.get("children") or {}).items():
             try:
                 rec = ChildRecord.from_json(raw)
@@ -306,38 +347,30 @@ class Engine:
                 return code
         return EXIT_OK  # pragma: no cover - the queue never closes while we run
 
-    async def _handle(self, event: tuple[Any, ...]) -> int | None:
-        kind = event[0]
-        if kind == "outcome":
-            _, state, attempt, outcome = event
-            if state is not self.machine.state or self.stopping:
-                return None  # a stage that finished after we moved on (cancelled)
-            return await self._on_outcome(state, attempt, outcome)
-        if kind == "signal":
-            return await self._on_signal(event[1])
-        if kind == "stop":
-            return await self._on_stop(event[1])
-        if kind == "disk":
-            return await self._on_disk(event[1])
-        if kind == "checkpoint":
-            return await self._on_checkpoint(event[1])
-        if kind == "spawn":  # a delayed retry
-            self._spawn(event[1])
-            return None
-        if kind == "hygiene":
-            self._on_hygiene(event[1], event[2])
-            return None
+    async def _handle(self, event: Event) -> int | None:
+        match event:
+            case StageOutcome(state, attempt, outcome):
+                if state is not self.machine.state or self.stopping:
+                    return None  # a stage that finished after we moved on (cancelled)
+                return await self._on_outcome(state, attempt, outcome)
+            case SignalReceived(signum):
+                return await self._on_signal(signum)
+            case StopRequested(mode):
+                return await self._on_stop(mode)
+            case DiskLevel(ev):
+                return await self._on_disk(ev)
+            case CheckpointSeen(ev):
+                return await self._on_checkpoint(ev)
+            case RetryDue(state):  # a retry's backoff has passed
+                self._spawn(state)
+            case HygieneFound(when, found):
+                self._on_hygiene(when, found)
         return None
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
             await self._attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
-            self._alert("failed", str(outcome))
-            self.snap["last_error"] = str(outcome)
-            self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
-            log.error("stage.error", state=state.value, error=str(outcome))
-            self.final_message = str(outcome)
-            return outcome.exit_code
+            return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
         if outcome.kind == "done":
             _maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
@@ -348,55 +381,57 @@ class Engine:
                       message=outcome.message, **extra)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
-            self.failures.pop(state.value, None)
-            self.last_cause.pop(state.value, None)
-            self.attempt = 1
             self._notify_recovered(state)
             if state is State.NEXT_ROUND:
-                self._round_finished()
-            if self.park_pending:
-                return await self._park(self.park_pending)
-            if self.stop.mode == "checkpoint" and state is not State.TRAIN or \
-                    self.stop.mode == "round" and state is State.NEXT_ROUND:
-                return await self._stop_now(EXIT_OK, "requested")
-            return await self._advance(state)
+                self._round_finished(outcome.data.get("records"))
+            return await self._apply(state, Ending("done", outcome.message))
         cause = await self._attempt_failed(state, attempt, outcome) \
             if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
-            assert cause is not None
             if outcome.data.get("stall"):
                 self._alert("stalled", outcome.message)
-            if cause.name in causes.NO_THIRD_TRY and self.last_cause.get(state.value) == cause.name:
-                return await self._fail(f"{state.value} failed twice in a row with {cause.name} ({cause.detail}); "
-                                        f"not retried a third time; fix: {cause.advice}", EXIT_STAGE, "failed")
-            self.last_cause[state.value] = cause.name
-            self.state_data["counters"]["restarts"] += 1
-            n = 0 if outcome.data.get("progressed") else self.failures.get(state.value, 0) + 1
-            self.failures[state.value] = n
-            spec = self._spec(state)
-            self.snap["last_error"] = outcome.message
-            if outcome.data.get("stall"):
                 self.snap["warnings"] = [f"stall: {outcome.message}"]
-            if n > spec.retries:
-                return await self._fail(f"{state.value} failed after {spec.retries + 1} attempts: {outcome.message}",
-                                        EXIT_STAGE, "failed")
-            delay = 0.0 if n == 0 else min(300.0, spec.backoff * 2 ** (n - 1))
-            self.attempt += 1
-            self._transition(state, state, "retry", message=outcome.message, delay=delay)
-            self._spawn(state, delay=delay)
+            self.snap["last_error"] = outcome.message
+        return await self._apply(state, Ending(outcome.kind, outcome.message, cause=cause,
+                                               progressed=bool(outcome.data.get("progressed"))))
+
+    def _decide(self, state: State, ending: Ending) -> Decision:
+        """Ask the machine (machine.decide) what ``ending`` in ``state`` leads to."""
+        if state is State.START_SHOPSIM and ending.kind in ("done", "skipped"):
+            self._reconcile()  # the disk says which round is next; the machine decides the rest
+        durations = list(self.state_data["round_durations"].values())
+        deadline = Deadline(self.state_data.get("deadline"), statistics.median(durations) if durations else 0.0,
+                            self.clock.time())
+        spec = self._spec(state)
+        return decide(state, ending, self.counters, self.stop.mode, deadline, RetryPolicy(spec.retries, spec.backoff))
+
+    async def _apply(self, state: State, ending: Ending) -> int | None:
+        """Carry out the machine's decision: enter the next state (skipping what is on disk),
+        retry after the backoff, or end through :meth:`shutdown`."""
+        d = self._decide(state, ending)
+        self.counters = d.counters
+        self.state_data["counters"]["restarts"] = d.counters.restarts
+        action = d.action
+        if isinstance(action, Retry):
+            self._transition(state, state, RETRY, message=action.message, delay=action.delay)
+            self._spawn(state, delay=action.delay)
             return None
-        if outcome.kind == "disk":
-            reason = f"ENOSPC during {state.value}: {outcome.message}"
-            # A stage can meet a full volume before the monitor's next sample (a sudden fill under
-            # load). The ENOSPC is a hard-limit crossing in its own right: the guard agrees, and the
-            # journal records the crossing, as it does for one the monitor saw.
-            if self._guard is not None and self._guard.force_hard(reason) is not None:
-                s = diskmod.sample(self.layout.ephemeral_root)
-                self._journal("disk.hard_limit", reason=reason, free_bytes=s.avail_bytes, **self._limits_dict())
-            return await self._park(reason)
-        if outcome.kind == "gate_stop":
-            return await self._fail(outcome.message, EXIT_GATE, "gate")
-        return await self._fail(outcome.message, EXIT_STAGE, "failed")
+        if isinstance(action, Enter):
+            assert d.trigger is not None
+            self._transition(state, action.state, d.trigger)
+            if d.trigger in ("next_round", "shopsim_ready"):
+                self._mark_round_started()
+            if not MODULES[action.state].completed(self._ctx()):
+                self._spawn(action.state)
+                return None
+            self._journal("stage.skipped", state=action.state.value, reason="output already on disk")
+            log.info("stage.skipped", state=action.state.value, round=self.round)
+            if action.state is State.NEXT_ROUND:
+                self._round_finished(None)
+            return await self._apply(action.state, Ending("skipped"))
+        if isinstance(action, (Park, Stop, Fail, Finish, Exit)):
+            return await self.shutdown(action, state, d.trigger)
+        return None  # Stay
 
     # -- failure causes, crash bundles, notifications (issue 18) -------------------------------
     def _attempt_started(self, state: State) -> None:
@@ -454,46 +489,6 @@ class Engine:
             self._alert("recovered", f"{state.value} completed after {self.recovering}")
             self.recovering = None
 
-    async def _advance(self, state: State) -> int | None:
-        """Leave ``state`` (done or skipped) and enter the next one, skipping what is on disk."""
-        while True:
-            if state is State.START_SHOPSIM or state is State.NEXT_ROUND:
-                if state is State.NEXT_ROUND:
-                    self.round += 1
-                else:
-                    self._reconcile()
-                if self.round >= self.cfg.campaign.rounds:
-                    self.round = self.cfg.campaign.rounds - 1  # the last round's index, for status
-                    self._transition(state, State.DONE, "finish")
-                    return await self._finish(EXIT_OK, "done")
-                why = self._deadline_says_stop()
-                if why:
-                    self._transition(state, State.DONE, "deadline", message=why)
-                    return await self._finish(EXIT_OK, "deadline")
-                nxt = State.TRAIN
-                self._transition(state, nxt, "next_round" if state is State.NEXT_ROUND else ADVANCE[state])
-                self._mark_round_started()
-            else:
-                nxt = self._next_of(state)
-                self._transition(state, nxt, ADVANCE[state])
-            state = nxt
-            ctx = self._ctx()
-            if MODULES[state].completed(ctx):
-                self._journal("stage.skipped", state=state.value, reason="output already on disk")
-                log.info("stage.skipped", state=state.value, round=self.round)
-                if state is State.NEXT_ROUND:
-                    self._round_finished()
-                continue
-            self._spawn(state)
-            return None
-
-    @staticmethod
-    def _next_of(state: State) -> State:
-        order = list(ROUND_STATES)
-        if state is State.PREFLIGHT_DISK:
-            return State.START_SHOPSIM
-        return order[order.index(state) + 1]
-
     def _reconcile(self) -> None:
         """The current round: the first one without a ledger row (the disk is the truth)."""
         r = 0
@@ -513,7 +508,7 @@ class Engine:
 
     async def _later(self, state: State, delay: float) -> None:
         await anyio.sleep(delay)
-        await self.send.send(("spawn", state))
+        await self.send.send(RetryDue(state))
 
     async def _stage_task(self, state: State, attempt: int) -> None:
         ctx = self._ctx(attempt=attempt)
@@ -537,7 +532,7 @@ class Engine:
             except Exception as exc:  # a stage bug must not kill the campaign: retry, logged
                 log.exception("stage.crashed", state=state.value)
                 outcome = base.Outcome.retry(f"{type(exc).__name__}: {exc}")
-            await self.send.send(("outcome", state, attempt, outcome))
+            await self.send.send(StageOutcome(state, attempt, outcome))
 
     async def _stop_strays(self, state: State) -> None:
         """Children a crashed daemon left that this round state will not adopt are stopped now.
@@ -626,82 +621,103 @@ class Engine:
         return {"trainer": c.train.grace, "shopsim": c.shopsim.grace, "val_server": c.val.server_grace,
                 "sidecar": c.sidecar.grace}.get(role, 10.0)
 
-    # -- stopping, parking, failing -----------------------------------------------------------
-    async def _cancel_stage(self) -> None:
+    # -- every ending: stop, park, fail, finish, exit ------------------------------------------
+    async def shutdown(self, ending: Park | Stop | Fail | Finish | Exit, src: State | None = None,
+                       trigger: str | None = None) -> int | None:
+        """End the campaign (or park it) in one order, as uvicorn's ``Server.shutdown`` does:
+        stop taking work, drain the children, record the end, tell the operator.
+
+        Returns the exit code, or None when a disk park with ``--wait-for-space`` resumed.
+        """
+        src = src or self.machine.state
+        # 1. Stop taking work: no stage may start or finish from now on.
+        if isinstance(ending, Stop):
+            self.notifier.stopping()
+        if isinstance(ending, Park) and ending.enospc:
+            # A stage can meet a full volume before the monitor's next sample (a sudden fill under
+            # load). The ENOSPC is a hard-limit crossing in its own right: the guard agrees, and the
+            # journal records the crossing, as it does for one the monitor saw.
+            if self._guard is not None and self._guard.force_hard(ending.reason) is not None:
+                s = diskmod.sample(self.layout.ephemeral_root)
+                self._journal("disk.hard_limit", reason=ending.reason, free_bytes=s.avail_bytes, **self._limits_dict())
         self.stopping = True
         if self.stage_scope is not None:
             self.stage_scope.cancel()
+        # 2. Drain: the children stop (trainer first); a park frees what it may.
+        fields: dict[str, Any] = {"resume_from": {"round": self.round, "state": src.value}} \
+            if isinstance(ending, Stop) else {}
+        if isinstance(ending, Park):
+            diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
+        if not isinstance(ending, Exit):  # a stage's configuration error leaves ShopSim for the next start
+            await self._stop_children()
+        if isinstance(ending, Park):
+            freed = self._reclaim(trainer_running=False)
+            sample = diskmod.sample(self.layout.ephemeral_root)
+            fields = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
+                      **self._limits_dict()}
+        # 3. Record: the end in status, the journal and state.json.
+        self._record_ending(ending, src, trigger, fields)
+        # 4. Tell: the log, the operator's notification, the line `shoprld run` prints.
+        return await self._tell_ending(ending, fields)
 
-    async def _stop_now(self, code: int, reason: str) -> int:
-        self.notifier.stopping()
-        await self._cancel_stage()
-        await self._stop_children()
-        resume = {"round": self.round, "state": self.machine.state.value}
-        self._transition(self.machine.state, State.STOPPED, "stop", message=reason, resume_from=resume)
-        self.snap["stop_reason"] = reason
+    def _record_ending(self, ending: Park | Stop | Fail | Finish | Exit, src: State, trigger: str | None,
+                       fields: dict[str, Any]) -> None:
+        if isinstance(ending, Stop):
+            self.snap["stop_reason"] = ending.reason
+            self._transition(src, State.STOPPED, "stop", message=ending.reason, **fields)
+        elif isinstance(ending, Fail):
+            self.snap["last_error"] = ending.message
+            self.snap["stop_reason"] = ending.reason
+            self._transition(src, State.FAILED, "fail", message=ending.message, exit_code=ending.code)
+        elif isinstance(ending, Park):
+            self.snap["stop_reason"] = "disk"
+            self.snap["last_error"] = ending.reason
+            self._transition(src, State.PAUSED_DISK, "park_disk", message=ending.reason, **fields)
+        elif isinstance(ending, Finish):
+            self.snap["stop_reason"] = ending.reason
+            self.snap["last_error"] = None  # recovered from; the journal keeps the history
+            extra = {"message": ending.message} if ending.message else {}
+            self._transition(src, State.DONE, trigger or "finish", **extra)
+        else:
+            self.snap["last_error"] = ending.message
+            self._journal("stage.error", state=src.value, error=ending.message, exit_code=ending.code)
         self._write_status(force=True)
-        self._alert("stopped", f"stopped ({reason}); resumes from {resume['state']}", failure=False)
-        log.info("daemon.stopped", reason=reason, resume_from=resume)
-        return code
 
-    async def _fail(self, message: str, code: int, reason: str) -> int:
-        self.snap["last_error"] = message
-        self.snap["stop_reason"] = reason
-        await self._cancel_stage()
-        await self._stop_children()
-        self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
-        log.error("campaign.failed", message=message, exit_code=code)
-        self._alert("gate_stop" if reason == "gate" else "failed", message, failure=reason != "gate")
-        self.final_message = message
-        return code
-
-    async def _finish(self, code: int, reason: str) -> int:
-        self.snap["stop_reason"] = reason
-        self.snap["last_error"] = None  # recovered from; the journal keeps the history
-        await self._stop_children()
-        self._persist()
-        log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)
-        self._alert("done", f"done ({reason}): {len(self.snap.get('rounds_done', []))} of "
-                    f"{self.cfg.campaign.rounds} rounds", failure=False)
-        return code
-
-    async def _park(self, reason: str) -> int | None:
-        """PAUSED_DISK: reclaim first; if still short, release the ballast, stop, persist, exit 4."""
-        self.park_pending = None
-        await self._cancel_stage()
-        diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
-        await self._stop_children()
-        freed = self._reclaim(trainer_running=False)
-        sample = diskmod.sample(self.layout.ephemeral_root)
-        numbers = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
-                   **self._limits_dict()}
-        self.snap["stop_reason"] = "disk"
-        self.snap["last_error"] = reason
-        self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
-        log.warning("disk.parked", reason=reason, **numbers)
-        self._alert("parked", f"parked in PAUSED_DISK: {reason}", failure=False)
+    async def _tell_ending(self, ending: Park | Stop | Fail | Finish | Exit, fields: dict[str, Any]) -> int | None:
+        if isinstance(ending, Stop):
+            resume = fields["resume_from"]
+            self._alert("stopped", f"stopped ({ending.reason}); resumes from {resume['state']}", failure=False)
+            log.info("daemon.stopped", reason=ending.reason, resume_from=resume)
+            return ending.code
+        if isinstance(ending, Fail):
+            log.error("campaign.failed", message=ending.message, exit_code=ending.code)
+            self._alert("gate_stop" if ending.reason == "gate" else "failed", ending.message,
+                        failure=ending.reason != "gate")
+            self.final_message = ending.message
+            return ending.code
+        if isinstance(ending, Finish):
+            log.info("campaign.done", reason=ending.reason, rounds=self.cfg.campaign.rounds)
+            self._alert("done", f"done ({ending.reason}): {len(self.snap.get('rounds_done', []))} of "
+                        f"{self.cfg.campaign.rounds} rounds", failure=False)
+            return EXIT_OK
+        if isinstance(ending, Exit):
+            log.error("stage.error", state=self.machine.state.value, error=ending.message)
+            self._alert("failed", ending.message)
+            self.final_message = ending.message
+            return ending.code
+        log.warning("disk.parked", reason=ending.reason, **fields)
+        self._alert("parked", f"parked in PAUSED_DISK: {ending.reason}", failure=False)
         if not self.wait_for_space:
-            self.final_message = (f"parked in PAUSED_DISK: {reason}; fix: free space on "
+            self.final_message = (f"parked in PAUSED_DISK: {ending.reason}; fix: free space on "
                                   f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
             return EXIT_DISK
-        await self._wait_for_space()
+        guard = self._guard or diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
+        await diskmod.wait_for_space(self.layout.ephemeral_root, guard, settle=self.cfg.disk.settle,
+                                     interval=self.cfg.disk.interval, monotonic=self.clock.monotonic)
         self.stopping = False
         self._transition(State.PAUSED_DISK, State.PREFLIGHT_DISK, "resume", message="space is back")
         self._spawn(State.PREFLIGHT_DISK)
         return None
-
-    async def _wait_for_space(self) -> None:
-        limits = self._limits()
-        settled_since: float | None = None
-        while True:
-            s = diskmod.sample(self.layout.ephemeral_root)
-            if s.avail_bytes > limits.soft_bytes:
-                settled_since = settled_since or self.clock.monotonic()
-                if self.clock.monotonic() - settled_since >= self.cfg.disk.settle:
-                    return
-            else:
-                settled_since = None
-            await anyio.sleep(min(self.cfg.disk.interval, 1.0))
 
     def _reclaim(self, *, trainer_running: bool) -> int:
         """Delete what this campaign may: checkpoints outside retention, partials (only when no
@@ -732,14 +748,14 @@ class Engine:
                     for child in list(self.children.values()):
                         child.signal_group(signal.SIGKILL)
                     continue
-                await self.send.send(("signal", signum))
+                await self.send.send(SignalReceived(signum))
 
     async def _on_signal(self, signum: int) -> int | None:
         if signum == signal.SIGHUP:
             self._reload()
             return None
         log.info("daemon.signal", signal=signal.Signals(signum).name)
-        return await self._stop_now(EXIT_OK, "requested")
+        return await self._apply(self.machine.state, Ending("stop"))
 
     # Sections whose change would move files or change what a round is: not reloadable.
     STRUCTURAL = ("campaign", "storage", "gpus")
@@ -766,7 +782,7 @@ class Engine:
     async def _on_stop(self, mode: str) -> int | None:
         self._journal("stop.requested", mode=mode)
         if mode == "now":
-            return await self._stop_now(EXIT_OK, "requested")
+            return await self._apply(self.machine.state, Ending("stop"))
         self.stop.mode = mode
         if mode == "checkpoint" and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.cfg.train.stall_min)
@@ -782,12 +798,7 @@ class Engine:
         self._write_status(force=True)
         if self._guard is not None:  # limits follow the measured checkpoint size
             self._guard.limits = self._limits()
-        if self.machine.state is State.TRAIN:
-            if self.park_pending:
-                return await self._park(self.park_pending)
-            if self.stop.mode == "checkpoint":
-                return await self._stop_now(EXIT_OK, "requested")
-        return None
+        return await self._apply(self.machine.state, Ending("checkpoint"))
 
     async def _watch_checkpoints(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         watcher = ckpt.CheckpointWatcher(self.layout.save_dir, mode=self.cfg.train.watch,
@@ -796,7 +807,7 @@ class Engine:
 
         async def emit(ev: dict[str, Any]) -> None:
             log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
-            await self.send.send(("checkpoint", ev))
+            await self.send.send(CheckpointSeen(ev))
 
         await watcher.run(emit, task_status=task_status)
 
@@ -822,39 +833,32 @@ class Engine:
                                      "soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes,
                                      "level": guard.level.name.lower(), "sampled_at": time.time()}
                 return
-            await self.send.send(("disk", ev))
+            await self.send.send(DiskLevel(ev))
 
         await diskmod.monitor(self.layout.ephemeral_root, guard, emit, interval=self.cfg.disk.interval)
 
     async def _on_disk(self, ev: dict[str, Any]) -> int | None:
+        """A level change: reclaim what this campaign may, let disk.py judge the volume again
+        (the same rule and hysteresis as the monitor), and let the machine decide."""
         name = ev["event"]  # the monitor already logged it
         self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
         if self.machine.state not in MODULES or self.stopping:
             return None
-        if name == "disk.ok":
-            self.park_pending = None
-            return None
-        limits = self._limits()
+        if name == "disk.ok" or self._guard is None:
+            return await self._apply(self.machine.state, Ending("disk_ok"))
         self._reclaim(trainer_running=self.machine.state is State.TRAIN)
-        free = diskmod.sample(self.layout.ephemeral_root).avail_bytes
-        if name == "disk.hard_limit":
-            if free > limits.hard_bytes + self.cfg.disk.hysteresis:
-                log.info("disk.recovered_by_reclaim", free_bytes=free)
-                return None
-            return await self._park(f"free {diskmod.human_bytes(free)} < hard limit {diskmod.human_bytes(limits.hard_bytes)} on "
-                                    f"{self.layout.ephemeral_root}")
-        if free > limits.soft_bytes + self.cfg.disk.hysteresis:
+        verdict = self._guard.verdict(diskmod.sample(self.layout.ephemeral_root))
+        if verdict.level is diskmod.Level.OK:
+            log.info("disk.recovered_by_reclaim", free_bytes=verdict.free_bytes)
             return None
-        reason = f"free {diskmod.human_bytes(free)} < soft limit {diskmod.human_bytes(limits.soft_bytes)} on {self.layout.ephemeral_root}"
         last = self.snap.get("last_checkpoint") or {}
         next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
-        if self.machine.state is State.TRAIN and free - limits.hard_bytes < next_save:
-            return await self._park(reason + "; the next save cannot fit")
-        # Let the in-flight save (TRAIN) or the current stage finish, then park.
-        self.park_pending = reason
-        if self.machine.state is State.TRAIN:
+        kind = "disk_hard" if verdict.level is diskmod.Level.HARD else "disk_soft"
+        code = await self._apply(self.machine.state, Ending(kind, verdict.park_reason(self.layout.ephemeral_root),
+                                                            fits=verdict.fits(next_save)))
+        if self.counters.park_pending and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.cfg.train.stall_min)
-        return None
+        return code
 
     async def _control(self) -> None:
         from .control import ControlServer
@@ -867,7 +871,7 @@ class Engine:
                 mode = request.get("mode", "now")
                 if mode not in ("now", "checkpoint", "round"):
                     return {"ok": False, "error": f"unknown stop mode {mode!r}"}
-                await self.send.send(("stop", mode))
+                await self.send.send(StopRequested(mode))
                 return {"ok": True, "mode": mode}
             return {"ok": False, "error": f"unknown command {cmd!r}"}
 
@@ -1050,26 +1054,22 @@ class Engine:
             atomic_write_json(path, rec)
         self._round_started_at = _num(rec.get("started_at"))
 
-    def _round_finished(self) -> None:
+    def _round_finished(self, records: next_round.RoundRecords | None) -> None:
+        """The round is recorded: its line in ``rounds_done``, its duration, the operator's note.
+        ``records``: what NEXT_ROUND read (None when it was skipped: then the stage reads them)."""
         ctx = self._ctx()
-        started = ctx.read_record("round") or {}
-        summary = base.read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
-        primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
-        gate_rec = ctx.read_record("gate") or {}
-        inject_rec = ctx.read_record("inject") or {}
-        duration = self.clock.time() - float(started["started_at"]) if started.get("started_at") else None
+        read = records or next_round.records(ctx)
+        started_at = read.started.get("started_at")
+        duration = self.clock.time() - float(started_at) if started_at else None
         done = [r for r in self.snap.get("rounds_done", []) if r.get("round") != self.round]
-        done.append({"round": self.round, "val": primary.get("success_rate") if primary else None,
-                     "metric_name": "success_rate", "gate": gate_rec.get("decision"),
-                     "analysis": gate_rec.get("analysis_status"),
-                     "branch": inject_rec.get("branch"), "duration_seconds": duration})
+        done.append({"round": self.round, **read.result(), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
         log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
         self._persist()
-        val = f"{primary.get('success_rate')}" if primary else "n/a"
-        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {gate_rec.get('decision', '?')}",
+        val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
+        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",
                     failure=False)
         self._check_hygiene(f"after {ctx.round_id}")
 
@@ -1088,7 +1088,7 @@ class Engine:
         found = await anyio.to_thread.run_sync(
             lambda: list(dict.fromkeys(w for r in sorted(roots) for w in lines(scan_repo(r, limit)))),
             abandon_on_cancel=True)
-        await self.send.send(("hygiene", when, found))
+        await self.send.send(HygieneFound(when, found))
 
     def _on_hygiene(self, when: str, found: list[str]) -> None:
         """Journal each new finding once; status shows the current ones."""
@@ -1098,21 +1098,6 @@ class Engine:
                 self._journal("repo.hygiene", when=when, warning=w)
         self.hygiene_warnings = found
         self._write_status(force=True)
-
-    def _deadline_says_stop(self) -> str | None:
-        deadline = self.state_data.get("deadline")
-        if not deadline:
-            return None
-        durations = list(self.state_data["round_durations"].values())
-        need = statistics.median(durations) if durations else 0.0
-        now = self.clock.time()
-        if now + need > deadline:
-            return (f"deadline: {base.round_id(self.round)} needs ~{need:.0f}s but only "
-                    f"{max(0.0, deadline - now):.0f}s are left")
-        return None
-
-
-
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -47,6 +47,7 @@ from . import checkpoints as ckpt
 from . import gpus
 from .errors import StageFailed
 from .processes import Child, wait_port_free
+from .retry import Backoff
 from .store import atomic_write, replace_json
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def _host_port(url: str, default: int) -> tuple[str, int]:
 CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
 # The supervisor's /healthz refresh (status shows free_slots and environment_slots).
 HEALTH_INTERVAL = 5.0
+SHOPSIM_BACKOFF_CAP_S = 30.0  # ShopSim restarts wait at most this long (stages: retry.STAGE_BACKOFF_CAP_S)
 # How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
 # (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
 def _supervise_interval() -> float:
@@ -97,7 +99,7 @@ class ShopsimService:
         self.free_slots: int | None = None
         self.environment_slots: int | None = None  # as the service reports it
         self.checked_at: float | None = None
-        self.restarts = 0
+        self.restarts = 0  # this service's count for the one backoff rule (daemon/retry.py)
         self.external = False  # healthy before we started anything: not ours to stop
         self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
         self.witness = witness
@@ -271,7 +273,7 @@ class ShopsimService:
             if self.external:
                 return f"shopsim at {ctx.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
             await self.stop(ctx)
-            await anyio.sleep(min(30.0, ctx.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
+            await anyio.sleep(Backoff(ctx.cfg.shopsim.backoff, SHOPSIM_BACKOFF_CAP_S, max_doublings=5).delay(self.restarts))
             return await self._ensure_ready(ctx, settle=False)
 
     async def recover_leaks(self, ctx: RoundContext, *, reason: str) -> str | None:

@@ -27,6 +27,7 @@ from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon.config import Config, ProcessSpec, expand, expand_vars
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.machine import State
+from shoprld.daemon.paths import round_id as round_id  # re-exported: stages and commands name it here
 from shoprld.daemon.processes import Child, Launcher
 from shoprld.daemon.secrets import Secrets
 
@@ -330,10 +331,6 @@ class RoundContext:
             self.unregister_child(child)
         self.emit("stage.exit", role=role, pid=child.pid, returncode=rc)
         return rc
-
-
-def round_id(index: int) -> str:
-    return f"round-{index:03d}"
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
