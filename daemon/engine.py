@@ -23,6 +23,7 @@ import signal
 import statistics
 import sys
 from dataclasses import replace
+from functools import partial
 import time
 from pathlib import Path
 from types import ModuleType
@@ -44,13 +45,17 @@ from shoprld.states import (
     val,
 )
 
-from . import bundles
 from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
+from . import hygiene
+from . import sources
 from .alerts import Alerts
+from .attempts import Attempts
+from .children import Children
+from .crashpoints import maybe_die
 from .config import Config, ProcessSpec, load_config, resolve_deadline
-from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
+from .errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
 from .layout import Layout
 from .events import (
     CheckpointSeen,
@@ -83,7 +88,7 @@ from .machine import (
     decide,
 )
 from .notify import Notifier
-from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from .processes import CHILD_TAG, Child, ChildRecord, Launcher
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
 from .store import SOCKET_FILE, Store, atomic_write_json
@@ -98,26 +103,6 @@ MODULES: dict[State, ModuleType] = {
     State.INJECT: inject,
     State.NEXT_ROUND: next_round,
 }
-# Fault-injection seam for the crash tests (documented in tests/README.md): a list of
-# STATE:POINT:ROUND entries; at the first matching point not yet fired (a marker file in
-# SHOPRLD_TEST_KILL_DIR), the daemon SIGKILLs itself. POINT is `enter` (transition
-# persisted), `mid` (the stage's first child spawned), `spawn-<role>` (that child spawned
-# and recorded) or `done` (the stage's output is on disk, its outcome not yet persisted).
-_KILL_SPEC = os.environ.get("SHOPRLD_TEST_KILL", "")
-_KILL_DIR = os.environ.get("SHOPRLD_TEST_KILL_DIR", "")
-
-
-def _maybe_die(state: State, point: str, round_index: int) -> None:
-    if not _KILL_SPEC or not _KILL_DIR:
-        return
-    key = f"{state.value}:{point}:{round_index}"
-    if key not in _KILL_SPEC.split(","):
-        return
-    marker = Path(_KILL_DIR) / key.replace(":", "_")
-    if marker.exists():
-        return
-    marker.touch()
-    os.kill(os.getpid(), signal.SIGKILL)
 log = structlog.get_logger("shoprld.engine")
 # How long the daemon waits at exit for queued notifications (the final "done"/"failed").
 ALERT_DRAIN_S = 30.0
@@ -178,8 +163,9 @@ class Engine:
         self.store = Store(layout.state_dir, redactor=self.redactor)
         self.machine = Machine()
         self.send, self.recv = anyio.create_memory_object_stream[Event](256)
-        self.children: dict[str, Child] = {}
-        self.adoptable: dict[str, ChildRecord] = {}
+        self.kids = Children(self.launcher, on_register=self._on_register,
+                             on_unregister=lambda: self._write_status(force=True), journal=self._journal)
+        self.children = self.kids.running  # the same dict: state.json and status list them
         self.shopsim = ShopsimService(witness=layout.state_dir / "shopsim.witness")
         self.val_server = ValServerService()
         self.stop = _Stop()
@@ -205,8 +191,7 @@ class Engine:
             self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
-        self.attempt_info: dict[str, Any] = {}
-        self.recovering: str | None = None  # set by a failure or an unclean restart; "recovered" on success
+        self.attempts = Attempts(layout, self.redactor, self._journal)
         self.http: httpx.AsyncClient
         self._guard: diskmod.Guard | None = None
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
@@ -236,9 +221,11 @@ class Engine:
             async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
                 self.http = http
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._signals)
-                    tg.start_soon(self._control)
-                    tg.start_soon(self._watchdog)
+                    tg.start_soon(partial(sources.signals, self.send, stopping=lambda: self.stopping,
+                                          force=self.kids.kill_all))
+                    tg.start_soon(sources.control, self.layout.state_dir / SOCKET_FILE, self.send,
+                                  lambda: self.redactor.obj(self._status_doc()))
+                    tg.start_soon(sources.watchdog, self.notifier)
                     tg.start_soon(self.alerts.run)
                     tg.start_soon(self.alerts.digest_loop, self.store.journal)
                     code = await self._drive(tg)
@@ -283,23 +270,13 @@ class Engine:
         prev_state = data.get("state")
         if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.state_data["counters"]["restarts"] += 1
-            self.recovering = f"the daemon restarted after dying in {prev_state}"
+            self.attempts.recovering = f"the daemon restarted after dying in {prev_state}"
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
         self.counters = replace(self.counters, round=int(data.get("round") or 0),
                                 restarts=self.state_data["counters"]["restarts"])
-        for role, raw in (data.get("children") or {}).items():
-            try:
-                rec = ChildRecord.from_json(raw)
-            except (TypeError, KeyError):
-                continue
-            if rec.job_id or pid_alive(rec.pid, rec.start_ticks):  # a Ray job: its launcher re-attaches
-                self.adoptable[role] = rec
-        for role, rec in self._tagged_strays().items():
-            self.adoptable.setdefault(role, rec)
-        if self.adoptable:
-            log.info("children.found", roles={r: c.pid for r, c in self.adoptable.items()})
+        self.kids.find_left(data.get("children") or {}, self.layout.state_dir)
         self.snap = {
             "campaign": self.cfg.campaign.name, "experiment": self.cfg.campaign.experiment,
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
@@ -312,27 +289,6 @@ class Engine:
         if last is not None:
             self.snap["last_checkpoint"] = {"iteration": last.iteration, "path": str(last.path), "complete": True,
                                             "bytes": last.bytes, "committed_at": last.committed_at}
-
-    def _tagged_strays(self) -> dict[str, ChildRecord]:
-        """Session leaders carrying this campaign's tag: children whose record a crash lost."""
-        want = f"{CHILD_TAG}={self.layout.state_dir}|".encode()
-        found: dict[str, ChildRecord] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                if os.getsid(pid) != pid:
-                    continue
-                env = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            for item in env.split(b"\0"):
-                if item.startswith(want):
-                    role = item[len(want):].decode(errors="replace")
-                    found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],
-                                              tag=item[len(CHILD_TAG) + 1:].decode(errors="replace"))
-        return found
 
     # -- the main loop -------------------------------------------------------------------
     async def _drive(self, tg: anyio.abc.TaskGroup) -> int:
@@ -372,7 +328,7 @@ class Engine:
             await self._attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
             return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
         if outcome.kind == "done":
-            _maybe_die(state, "done", self.round)
+            maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
         extra = {"step_seconds": self._round_step_s[1]} if state is State.TRAIN and self._round_step_s \
@@ -434,45 +390,10 @@ class Engine:
         return None  # Stay
 
     # -- failure causes, crash bundles, notifications (issue 18) -------------------------------
-    def _attempt_started(self, state: State) -> None:
-        """Remember where this attempt's part of the stage log begins, and when it began."""
-        log_path = self.layout.stage_log(self.round, state.value)
-        try:
-            offset = log_path.stat().st_size
-        except OSError:
-            offset = 0
-        self.attempt_info = {"state": state.value, "log": log_path, "offset": offset,
-                             "monotonic": time.monotonic(), "argv": [], "returncode": None}
-
     async def _attempt_failed(self, state: State, attempt: int, outcome: base.Outcome) -> causes.Cause:
         """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
-        info = self.attempt_info if self.attempt_info.get("state") == state.value else {}
-        log_path: Path = info.get("log") or self.layout.stage_log(self.round, state.value)
-        tail = bundles.read_tail(log_path)
-        try:  # only this attempt's part of the log: an earlier attempt's OOM is not this one's cause
-            size = log_path.stat().st_size
-            tail = tail[max(0, len(tail) - (size - int(info.get("offset", 0)))):]
-        except OSError:
-            pass
-        exit_status = outcome.data.get("returncode", info.get("returncode"))
-        stalled = bool(outcome.data.get("stall"))
-        cause = causes.classify(exit_status=exit_status, log_tail=tail, stalled=stalled,
-                                kernel_log=causes.kernel_log_since(float(info.get("monotonic", 0.0))))
-        rid = base.round_id(self.round)
-        dest = bundles.free_attempt_dir(self.layout.logs, rid, state.value, attempt)
-        problem = await bundles.write_bundle(
-            dest, round_id=rid, state=state.value, attempt=attempt, exit_status=exit_status,
-            cause=cause.to_json(), argv=info.get("argv") or [], message=outcome.message, log_path=log_path,
-            stalled=stalled, redactor=self.redactor, nvidia_smi=self.cfg.gpus.nvidia_smi)
-        if problem:
-            log.warning("bundle.write_failed", error=problem)
-        self.snap["last_failure"] = {"round": self.round, "round_id": rid, "state": state.value, "attempt": attempt,
-                                     "cause": cause.name, "detail": cause.detail, "advice": cause.advice,
-                                     "bundle": str(dest), "at": time.time()}
-        self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
-                      stalled=stalled, bundle=str(dest), message=outcome.message)
-        log.warning("attempt.failed", state=state.value, attempt=attempt, cause=cause.name, bundle=str(dest))
-        self.recovering = f"{state.value} failed ({cause.name})"
+        cause, self.snap["last_failure"] = await self.attempts.failed(
+            state.value, self.round, attempt, outcome.message, outcome.data, nvidia_smi=self.cfg.gpus.nvidia_smi)
         return cause
 
     def _alert(self, event: str, text: str, *, failure: bool = True) -> None:
@@ -485,9 +406,9 @@ class Engine:
     def _notify_recovered(self, state: State) -> None:
         """A round stage completed after a failed attempt or an unclean daemon restart (not
         PREFLIGHT_DISK, which passes before the work that died is retried)."""
-        if self.recovering and state in ROUND_STATES:
-            self._alert("recovered", f"{state.value} completed after {self.recovering}")
-            self.recovering = None
+        if self.attempts.recovering and state in ROUND_STATES:
+            self._alert("recovered", f"{state.value} completed after {self.attempts.recovering}")
+            self.attempts.recovering = None
 
     def _reconcile(self) -> None:
         """The current round: the first one without a ledger row (the disk is the truth)."""
@@ -514,12 +435,13 @@ class Engine:
         ctx = self._ctx(attempt=attempt)
         spec = self._spec(state)
         structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
-        self._attempt_started(state)
+        self.attempts.started(state.value, self.round)
         with anyio.CancelScope() as scope:
             self.stage_scope = scope
             outcome: base.Outcome | ShoprldError
             try:
-                await self._stop_strays(state)
+                if state in ROUND_STATES:  # before, the round to resume (and its trainer) is not known
+                    await self.kids.stop_strays(MODULES[state].ADOPTS)
                 with anyio.fail_after(spec.timeout or math.inf):
                     outcome = await MODULES[state].run(ctx)
             except ShoprldError as exc:
@@ -534,23 +456,6 @@ class Engine:
                 outcome = base.Outcome.retry(f"{type(exc).__name__}: {exc}")
             await self.send.send(StageOutcome(state, attempt, outcome))
 
-    async def _stop_strays(self, state: State) -> None:
-        """Children a crashed daemon left that this round state will not adopt are stopped now.
-
-        Only round states decide: during PREFLIGHT_DISK and START_SHOPSIM the round to resume
-        is not known yet, and a running trainer must survive until TRAIN adopts it.
-        """
-        if state not in ROUND_STATES:
-            return
-        for role in list(self.adoptable):
-            if role == "shopsim" or role in MODULES[state].ADOPTS:
-                continue
-            rec = self.adoptable.pop(role)
-            child = self.launcher.adopt(rec)
-            if child is not None:
-                log.info("child.stray_stopped", role=role, pid=rec.pid)
-                await child.stop(10.0)
-
     def _spec(self, state: State) -> ProcessSpec:
         c = self.cfg
         return {
@@ -563,63 +468,20 @@ class Engine:
             cfg=self.cfg, layout=self.layout, secrets=self.secrets,
             round=self.round if round_index is None else round_index,
             launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
-            val_server=self.val_server, emit=self._emit, register_child=self._register,
-            unregister_child=self._unregister, find_child=self._find_child, stop=self.stop,
+            val_server=self.val_server, emit=self._emit, register_child=self.kids.register,
+            unregister_child=self.kids.unregister, find_child=self.kids.find, stop=self.stop,
             base_env=self.base_env, python=self.python, demo_dir=self.demo_dir,
             attempt=self.attempt if attempt is None else attempt,
         )
 
-    # -- children ---------------------------------------------------------------------------
-    def _register(self, child: Child) -> None:
-        self.children[child.record.role] = child
+    # -- children (daemon/children.py owns them) ---------------------------------------------
+    def _on_register(self, child: Child) -> None:
         self._persist()
-        _maybe_die(self.machine.state, "mid", self.round)
-        _maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
-
-    def _unregister(self, child: Child) -> None:
-        if self.children.get(child.record.role) is child:
-            del self.children[child.record.role]
-            # Not persisted here: the next transition or spawn writes state.json anyway, and a
-            # stale record of an exited child is harmless (adoption checks pid + start time).
-            self._write_status(force=True)
-
-    def _find_child(self, role: str) -> Child | None:
-        child = self.children.get(role)
-        if child is not None and child.alive():
-            return child
-        rec = self.adoptable.pop(role, None)
-        if rec is not None:
-            adopted = self.launcher.adopt(rec)
-            if adopted is not None:
-                log.info("child.adopted", role=role, pid=rec.pid)
-                self._journal("child.adopted", role=role, pid=rec.pid)
-                self._register(adopted)
-                return adopted
-        return None
+        maybe_die(self.machine.state, "mid", self.round)
+        maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
 
     async def _stop_children(self, *, force: bool = False) -> None:
-        """Stop every child (trainer first: it holds the GPUs and writes the volume)."""
-        self.shopsim.closing = True
-        order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
-        for child in order:
-            if child.record.role == "shopsim":
-                self.shopsim.vouch(self._ctx())  # the trainer is stopped: all it saved ran against this ShopSim
-                if self.shopsim.external:
-                    continue
-            if force:
-                child.signal_group(signal.SIGKILL)
-            await child.stop(0.0 if force else self._grace(child.record.role))
-        self.children.clear()
-        for role, rec in list(self.adoptable.items()):
-            adopted = self.launcher.adopt(rec)
-            if adopted is not None:
-                await adopted.stop(0.0 if force else 10.0)
-        self.adoptable.clear()
-
-    def _grace(self, role: str) -> float:
-        c = self.cfg
-        return {"trainer": c.train.grace, "shopsim": c.shopsim.grace, "val_server": c.val.server_grace,
-                "sidecar": c.sidecar.grace}.get(role, 10.0)
+        await self.kids.stop_all(self.cfg, self.shopsim, lambda: self.shopsim.vouch(self._ctx()), force=force)
 
     # -- every ending: stop, park, fail, finish, exit ------------------------------------------
     async def shutdown(self, ending: Park | Stop | Fail | Finish | Exit, src: State | None = None,
@@ -740,16 +602,6 @@ class Engine:
         return freed
 
     # -- event sources ------------------------------------------------------------------------------
-    async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGINT and self.stopping:
-                    log.warning("daemon.force_stop")
-                    for child in list(self.children.values()):
-                        child.signal_group(signal.SIGKILL)
-                    continue
-                await self.send.send(SignalReceived(signum))
-
     async def _on_signal(self, signum: int) -> int | None:
         if signum == signal.SIGHUP:
             self._reload()
@@ -757,22 +609,11 @@ class Engine:
         log.info("daemon.signal", signal=signal.Signals(signum).name)
         return await self._apply(self.machine.state, Ending("stop"))
 
-    # Sections whose change would move files or change what a round is: not reloadable.
-    STRUCTURAL = ("campaign", "storage", "gpus")
-
     def _reload(self) -> None:
-        """SIGHUP: re-read the campaign file; apply it when only non-structural sections changed
-        (limits, intervals, timeouts, retries, stall and gate policy, commands). Stages started
-        from now on see it; the running one keeps what it started with."""
-        try:
-            new = load_config(self.cfg.source)
-        except ShoprldError as exc:
-            log.warning("config.reload_rejected", error=str(exc))
-            return
-        changed = [k for k in self.STRUCTURAL if getattr(new, k) != getattr(self.cfg, k)]
-        if changed:
-            log.warning("config.reload_rejected", error=f"structural sections changed: {', '.join(changed)}; "
-                        "restart the daemon to apply them")
+        """SIGHUP: stages started from now on see the re-read campaign file (sources.reloaded
+        says when it applies); the running one keeps what it started with."""
+        new = sources.reloaded(self.cfg)
+        if new is None:
             return
         self.cfg = new
         self.base_env = self.layout.child_env(new)
@@ -799,17 +640,6 @@ class Engine:
         if self._guard is not None:  # limits follow the measured checkpoint size
             self._guard.limits = self._limits()
         return await self._apply(self.machine.state, Ending("checkpoint"))
-
-    async def _watch_checkpoints(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        watcher = ckpt.CheckpointWatcher(self.layout.save_dir, mode=self.cfg.train.watch,
-                                         poll_interval=self.cfg.train.poll_interval,
-                                         rescan_interval=self.cfg.train.rescan_interval)
-
-        async def emit(ev: dict[str, Any]) -> None:
-            log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
-            await self.send.send(CheckpointSeen(ev))
-
-        await watcher.run(emit, task_status=task_status)
 
     def _limits(self) -> diskmod.Limits:
         last = self.snap.get("last_checkpoint") or {}
@@ -853,40 +683,13 @@ class Engine:
             return None
         last = self.snap.get("last_checkpoint") or {}
         next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
-        kind = "disk_hard" if verdict.level is diskmod.Level.HARD else "disk_soft"
-        code = await self._apply(self.machine.state, Ending(kind, verdict.park_reason(self.layout.ephemeral_root),
-                                                            fits=verdict.fits(next_save)))
+        reason = verdict.park_reason(self.layout.ephemeral_root)
+        ending = Ending("disk_hard", reason) if verdict.level is diskmod.Level.HARD else \
+            Ending("disk_soft", reason, fits=verdict.fits(next_save))
+        code = await self._apply(self.machine.state, ending)
         if self.counters.park_pending and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.cfg.train.stall_min)
         return code
-
-    async def _control(self) -> None:
-        from .control import ControlServer
-
-        async def handler(request: dict[str, Any]) -> dict[str, Any]:
-            cmd = request.get("cmd")
-            if cmd == "status":
-                return {"ok": True, "status": self.redactor.obj(self._status_doc())}
-            if cmd == "stop":
-                mode = request.get("mode", "now")
-                if mode not in ("now", "checkpoint", "round"):
-                    return {"ok": False, "error": f"unknown stop mode {mode!r}"}
-                await self.send.send(StopRequested(mode))
-                return {"ok": True, "mode": mode}
-            return {"ok": False, "error": f"unknown command {cmd!r}"}
-
-        try:
-            await ControlServer(self.layout.state_dir / SOCKET_FILE, handler).serve()
-        except Exception as exc:  # e.g. a state dir path too long for AF_UNIX: status still works from files
-            log.warning("control.unavailable", error=f"{type(exc).__name__}: {exc}")
-
-    async def _watchdog(self) -> None:
-        interval = self.notifier.watchdog_interval()
-        if not interval:
-            return
-        while True:
-            self.notifier.watchdog()
-            await anyio.sleep(interval)
 
     # -- persistence and status ----------------------------------------------------------------------
     def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
@@ -903,7 +706,7 @@ class Engine:
         log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
         self._persist()
-        _maybe_die(dst, "enter", self.round)
+        maybe_die(dst, "enter", self.round)
         self.notifier.status_of(self.snap)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
@@ -917,7 +720,7 @@ class Engine:
         add_file_handler(self.layout.logs / "shoprld.log")
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
-            self.tg.start_soon(self._watch_checkpoints)
+            self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)
             self.tg.start_soon(self._disk_monitor)
             self.tg.start_soon(self.shopsim.supervise, self._ctx)
 
@@ -1030,9 +833,9 @@ class Engine:
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
         elif event == "stage.exit":
-            self.attempt_info["returncode"] = fields.get("returncode")
+            self.attempts.info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
-            self.attempt_info["argv"] = fields.get("argv") or []  # already redacted by the stage
+            self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
             if fields.get("role") == "shopsim":
                 self._write_status(force=True)
@@ -1078,17 +881,8 @@ class Engine:
         self.tg.start_soon(self._hygiene_task, when)
 
     async def _hygiene_task(self, when: str) -> None:
-        import anyio.to_thread
-
-        from .hygiene import lines, scan_repo
-
         roots = {self.layout.repo, self.layout.project_root}  # project_root: the tools' default output
-        limit = self.cfg.storage.repo_hygiene_max
-        # Abandoned on cancel: a scan in flight must not delay shutdown.
-        found = await anyio.to_thread.run_sync(
-            lambda: list(dict.fromkeys(w for r in sorted(roots) for w in lines(scan_repo(r, limit)))),
-            abandon_on_cancel=True)
-        await self.send.send(HygieneFound(when, found))
+        await self.send.send(HygieneFound(when, await hygiene.scan_roots(roots, self.cfg.storage.repo_hygiene_max)))
 
     def _on_hygiene(self, when: str, found: list[str]) -> None:
         """Journal each new finding once; status shows the current ones."""

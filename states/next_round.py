@@ -53,7 +53,7 @@ def records(ctx: RoundContext) -> RoundRecords:
     """Read the round's records (the stage's inputs; the engine gets them in the Outcome, or
     from here when the stage was skipped, and never reads the files itself)."""
     summary = read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
-    primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
+    primary: dict[str, Any] = summary["primary"] if isinstance(summary.get("primary"), dict) else {}
     return RoundRecords(summary, primary, ctx.read_record("gate") or {}, ctx.read_record("inject") or {},
                         ctx.read_record("round") or {})
 
