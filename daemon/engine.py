@@ -1,12 +1,14 @@
 """The engine: startup -> reconcile -> main loop -> shutdown, in one anyio task group.
 
-Every trigger goes through ONE queue: stage outcomes, signals, control-socket requests,
-disk-guard level changes and checkpoint commits. The main loop takes one event at a
-time, asks the transition table (machine.py) whether the move is legal, persists it
-(journal line, then state.json, then status.json), tells systemd, and spawns the next
-stage as a task. Stages never call the engine; they return an Outcome. Signal receivers
-only enqueue; the loop acts (a second SIGINT while stopping is the one exception: it
-escalates to SIGKILL at once, since the loop is busy stopping).
+Every trigger goes through ONE queue of typed events (events.py): stage outcomes, signals,
+control-socket requests, disk-guard level changes and checkpoint commits (their sources
+are in sources.py). The main loop takes one event at a time, asks the machine what it
+leads to (``machine.decide``: the next state and one action), and carries that out:
+persist the transition (journal line, then state.json, then status.json), tell systemd,
+spawn the next stage as a task, retry after the backoff, or end through the one ordered
+:meth:`Engine.shutdown`. Stages never call the engine; they return an Outcome. Signal
+receivers only enqueue; the loop acts (a second SIGINT while stopping is the one
+exception: it escalates to SIGKILL at once, since the loop is busy stopping).
 
 Start-up order: lock the state dir (one daemon per campaign), load the state (rebuilt
 from the journal, then the disk, when corrupt), find children left by a crashed daemon
