@@ -56,6 +56,7 @@ from .alerts import Alerts
 from .attempts import Attempts
 from .children import Children
 from .crashpoints import maybe_die
+from .diskwatch import DiskWatch
 from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
 from .layout import Layout
@@ -195,7 +196,7 @@ class Engine:
         # its argv and exit). The cause of each state's last failure is in the counters.
         self.attempts = Attempts(layout, self.redactor, self._journal)
         self.http: httpx.AsyncClient
-        self._guard: diskmod.Guard | None = None
+        self.disk = DiskWatch(layout.ephemeral_root)
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
         self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
         self._round_started_at: float | None = None
@@ -498,12 +499,9 @@ class Engine:
         if isinstance(ending, Stop):
             self.notifier.stopping()
         if isinstance(ending, Park) and ending.enospc:
-            # A stage can meet a full volume before the monitor's next sample (a sudden fill under
-            # load). The ENOSPC is a hard-limit crossing in its own right: the guard agrees, and the
-            # journal records the crossing, as it does for one the monitor saw.
-            if self._guard is not None and self._guard.force_hard(ending.reason) is not None:
-                s = diskmod.sample(self.layout.ephemeral_root)
-                self._journal("disk.hard_limit", reason=ending.reason, free_bytes=s.avail_bytes, **self._limits_dict())
+            crossing = self.disk.enospc(ending.reason, self.cfg.disk, self._checkpoint_bytes())
+            if crossing is not None:  # journaled as the monitor's crossings are
+                self._journal("disk.hard_limit", **crossing)
         self.stopping = True
         if self.stage_scope is not None:
             self.stage_scope.cancel()
@@ -518,7 +516,7 @@ class Engine:
             freed = self._reclaim(trainer_running=False)
             sample = diskmod.sample(self.layout.ephemeral_root)
             fields = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
-                      **self._limits_dict()}
+                      **self.disk.limit_fields(self.cfg.disk, self._checkpoint_bytes())}
         # 3. Record: the end in status, the journal and state.json.
         self._record_ending(ending, src, trigger, fields)
         # 4. Tell: the log, the operator's notification, the line `shoprld run` prints.
@@ -575,9 +573,7 @@ class Engine:
             self.final_message = (f"parked in PAUSED_DISK: {ending.reason}; fix: free space on "
                                   f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
             return EXIT_DISK
-        guard = self._guard or diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
-        await diskmod.wait_for_space(self.layout.ephemeral_root, guard, settle=self.cfg.disk.settle,
-                                     interval=self.cfg.disk.interval, monotonic=self.clock.monotonic)
+        await self.disk.wait_for_space(self.cfg.disk, self._checkpoint_bytes(), self.clock.monotonic)
         self.stopping = False
         self._transition(State.PAUSED_DISK, State.PREFLIGHT_DISK, "resume", message="space is back")
         self._spawn(State.PREFLIGHT_DISK)
@@ -639,35 +635,15 @@ class Engine:
         self._journal("checkpoint.committed", iteration=ev["iteration"], bytes=ev.get("bytes"),
                       latency_ms=ev.get("latency_ms"))
         self._write_status(force=True)
-        if self._guard is not None:  # limits follow the measured checkpoint size
-            self._guard.limits = self._limits()
+        self.disk.follow_checkpoint(self.cfg.disk, self._checkpoint_bytes())
         return await self._apply(self.machine.state, Ending("checkpoint"))
 
-    def _limits(self) -> diskmod.Limits:
-        last = self.snap.get("last_checkpoint") or {}
-        size = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
-        total = diskmod.sample(self.layout.ephemeral_root).total_bytes
-        return diskmod.limits(total, size, soft_override=self.cfg.disk.soft_limit,
-                              hard_override=self.cfg.disk.hard_limit)
+    def _checkpoint_bytes(self) -> int | None:
+        """The last committed checkpoint's measured size (None before the first)."""
+        return (self.snap.get("last_checkpoint") or {}).get("bytes") or None
 
-    def _limits_dict(self) -> dict[str, int]:
-        lim = self._limits()
-        return {"soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes}
-
-    async def _disk_monitor(self) -> None:
-        guard = self._guard = diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
-
-        async def emit(ev: dict[str, Any]) -> None:
-            if ev["event"] == "disk.sample":
-                lim = guard.limits
-                self.snap["disk"] = {"path": str(self.layout.ephemeral_root), "total_bytes": ev.get("total_bytes"),
-                                     "free_bytes": ev.get("free_bytes"), "inodes_free": ev.get("inodes_free"),
-                                     "soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes,
-                                     "level": guard.level.name.lower(), "sampled_at": time.time()}
-                return
-            await self.send.send(DiskLevel(ev))
-
-        await diskmod.monitor(self.layout.ephemeral_root, guard, emit, interval=self.cfg.disk.interval)
+    def _disk_sampled(self, line: dict[str, Any]) -> None:
+        self.snap["disk"] = line
 
     async def _on_disk(self, ev: dict[str, Any]) -> int | None:
         """A level change: reclaim what this campaign may, let disk.py judge the volume again
@@ -676,15 +652,16 @@ class Engine:
         self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
         if self.machine.state not in MODULES or self.stopping:
             return None
-        if name == "disk.ok" or self._guard is None:
+        if name == "disk.ok":
             return await self._apply(self.machine.state, Ending("disk_ok"))
         self._reclaim(trainer_running=self.machine.state is State.TRAIN)
-        verdict = self._guard.verdict(diskmod.sample(self.layout.ephemeral_root))
+        verdict = self.disk.judge()
+        if verdict is None:  # no guard before the monitor runs: nothing sent this event
+            return None
         if verdict.level is diskmod.Level.OK:
             log.info("disk.recovered_by_reclaim", free_bytes=verdict.free_bytes)
             return None
-        last = self.snap.get("last_checkpoint") or {}
-        next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
+        next_save = int(self._checkpoint_bytes() or self.cfg.disk.checkpoint_estimate)
         reason = verdict.park_reason(self.layout.ephemeral_root)
         ending = Ending("disk_hard", reason) if verdict.level is diskmod.Level.HARD else \
             Ending("disk_soft", reason, fits=verdict.fits(next_save))
@@ -723,7 +700,8 @@ class Engine:
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
             self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)
-            self.tg.start_soon(self._disk_monitor)
+            self.tg.start_soon(self.disk.monitor, self.cfg.disk, self._checkpoint_bytes(), self._disk_sampled,
+                               lambda ev: self.send.send(DiskLevel(ev)))
             self.tg.start_soon(self.shopsim.supervise, self._ctx)
 
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
