@@ -332,10 +332,14 @@ class Verdict:
     free_bytes: int
     limits: Limits
 
-    def park_reason(self, root: Path) -> str:
-        """The operator's line: ``free 1.2 GiB < soft limit 3.0 GiB on /mnt/vol``."""
-        limit = self.limits.hard_bytes if self.level is Level.HARD else self.limits.soft_bytes
-        return f"free {human_bytes(self.free_bytes)} < {self.level.value} limit {human_bytes(limit)} on {root}"
+    def holds(self, level: Level) -> bool:
+        """Whether the volume is still at ``level`` or below (a reclaim did not lift it out)."""
+        return self.level is Level.HARD if level is Level.HARD else level is Level.OK or self.level is not Level.OK
+
+    def park_reason(self, root: Path, level: Level) -> str:
+        """The operator's line for ``level``: ``free 1.2 GiB < soft limit 3.0 GiB on /mnt/vol``."""
+        limit = self.limits.hard_bytes if level is Level.HARD else self.limits.soft_bytes
+        return f"free {human_bytes(self.free_bytes)} < {level.value} limit {human_bytes(limit)} on {root}"
 
     def fits(self, save_bytes: int) -> bool:
         """Whether one more save of ``save_bytes`` lands above the hard limit."""

@@ -646,24 +646,26 @@ class Engine:
         self.snap["disk"] = line
 
     async def _on_disk(self, ev: dict[str, Any]) -> int | None:
-        """A level change: reclaim what this campaign may, let disk.py judge the volume again
-        (the same rule and hysteresis as the monitor), and let the machine decide."""
+        """The monitor's level change (disk.py's verdict): reclaim what this campaign may, ask
+        the same guard whether that lifted the volume out of the level (same rule, same
+        hysteresis), and let the machine decide what the level means now."""
         name = ev["event"]  # the monitor already logged it
         self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
         if self.machine.state not in MODULES or self.stopping:
             return None
         if name == "disk.ok":
             return await self._apply(self.machine.state, Ending("disk_ok"))
+        level = diskmod.Level.HARD if name == "disk.hard_limit" else diskmod.Level.SOFT
         self._reclaim(trainer_running=self.machine.state is State.TRAIN)
         verdict = self.disk.judge()
         if verdict is None:  # no guard before the monitor runs: nothing sent this event
             return None
-        if verdict.level is diskmod.Level.OK:
+        if not verdict.holds(level):
             log.info("disk.recovered_by_reclaim", free_bytes=verdict.free_bytes)
             return None
         next_save = int(self._checkpoint_bytes() or self.cfg.disk.checkpoint_estimate)
-        reason = verdict.park_reason(self.layout.ephemeral_root)
-        ending = Ending("disk_hard", reason) if verdict.level is diskmod.Level.HARD else \
+        reason = verdict.park_reason(self.layout.ephemeral_root, level)
+        ending = Ending("disk_hard", reason) if level is diskmod.Level.HARD else \
             Ending("disk_soft", reason, fits=verdict.fits(next_save))
         code = await self._apply(self.machine.state, ending)
         if self.counters.park_pending and self.machine.state is State.TRAIN:

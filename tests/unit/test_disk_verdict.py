@@ -26,6 +26,7 @@ def test_the_verdict_uses_the_guards_hysteresis_and_leaves_its_level_alone() -> 
     v = g.verdict(smp(LIM.soft_bytes + HYST // 2))
     assert v.level is Level.SOFT and g.level is Level.SOFT
     assert g.verdict(smp(LIM.soft_bytes + HYST + 1)).level is Level.OK
+    assert not g.verdict(smp(LIM.soft_bytes + HYST + 1)).holds(Level.SOFT)
     assert g.level is Level.SOFT  # only the monitor's observe() moves it, so its disk.ok is still emitted
 
 
@@ -35,13 +36,15 @@ def test_a_hard_guard_freed_above_hard_but_not_soft_is_soft() -> None:
     g.observe(smp(LIM.hard_bytes - 1))
     assert g.verdict(smp(LIM.hard_bytes + HYST // 2)).level is Level.HARD
     v = g.verdict(smp(LIM.hard_bytes + HYST + 1))
-    assert v.level is Level.SOFT
-    assert v.park_reason(Path("/v")) == "free 150.0 MiB < soft limit 300.0 MiB on /v"
+    assert v.level is Level.SOFT and not v.holds(Level.HARD) and v.holds(Level.SOFT)
+    assert v.park_reason(Path("/v"), Level.SOFT) == "free 150.0 MiB < soft limit 300.0 MiB on /v"
 
 
 def test_the_park_reason_and_room_for_one_more_save() -> None:
     v = Guard(LIM, hysteresis_bytes=HYST).verdict(smp(LIM.hard_bytes - MiB))
-    assert v.level is Level.HARD and v.park_reason(Path("/v")) == "free 99.0 MiB < hard limit 100.0 MiB on /v"
+    assert v.level is Level.HARD and v.holds(Level.SOFT) and v.holds(Level.HARD)
+    assert v.park_reason(Path("/v"), Level.HARD) == "free 99.0 MiB < hard limit 100.0 MiB on /v"
+    assert v.park_reason(Path("/v"), Level.SOFT) == "free 99.0 MiB < soft limit 300.0 MiB on /v"
     soft = Guard(LIM, hysteresis_bytes=HYST).verdict(smp(LIM.hard_bytes + 20 * MiB))
     assert soft.fits(20 * MiB) and not soft.fits(20 * MiB + 1)
 
