@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import statistics
 import sys
 from dataclasses import replace
 from functools import partial
@@ -358,9 +357,8 @@ class Engine:
         """Ask the machine (machine.decide) what ``ending`` in ``state`` leads to."""
         if state is State.START_SHOPSIM and ending.kind in ("done", "skipped"):
             self._reconcile()  # the disk says which round is next; the machine decides the rest
-        durations = list(self.state_data["round_durations"].values())
-        deadline = Deadline(self.state_data.get("deadline"), statistics.median(durations) if durations else 0.0,
-                            self.clock.time())
+        deadline = Deadline.of(self.state_data.get("deadline"), list(self.state_data["round_durations"].values()),
+                               self.clock.time())
         spec = self._spec(state)
         return decide(state, ending, self.counters, self.stop.mode, deadline, RetryPolicy(spec.retries, spec.backoff))
 

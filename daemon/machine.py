@@ -40,7 +40,8 @@ does not allow, and runs the stage itself in its own task group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal, TypeVar
@@ -214,6 +215,12 @@ class Deadline:
     at: float | None
     need_s: float  # the median round duration so far (0 before the first round)
     now: float
+
+    @classmethod
+    def of(cls, at: float | None, durations: Sequence[float], now: float) -> Deadline:
+        """The rule's need is the median of the measured round durations (not the mean: one
+        slow round must not end the campaign), 0 before any round was measured."""
+        return cls(at, statistics.median(durations) if durations else 0.0, now)
 
     def says_stop(self, round_index: int) -> str | None:
         if not self.at or self.now + self.need_s <= self.at:

@@ -213,3 +213,10 @@ def test_one_backoff_rule_for_stages_and_shopsim() -> None:
     shopsim = Backoff(1.0, 30.0, max_doublings=5)
     assert [shopsim.delay(n) for n in (1, 2, 5, 6, 7, 50)] == [1, 2, 16, 30, 30, 30]
     assert may_retry(2, 2) and not may_retry(3, 2)  # retries = 2: three attempts in all
+
+
+def test_the_deadline_needs_the_median_round() -> None:
+    """One slow round does not end the campaign: the need is the median, 0 before any round."""
+    assert Deadline.of(100.0, [10.0, 10.0, 95.0], 0.0).need_s == 10.0
+    assert Deadline.of(100.0, [], 0.0).says_stop(0) is None
+    assert Deadline.of(100.0, [], 101.0).says_stop(0) is not None  # already passed
