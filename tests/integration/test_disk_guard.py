@@ -45,6 +45,7 @@ def _trainer_saw_enospc(root: Path) -> bool:
                for p in (root / "state").parent.rglob("r*-train.log"))
 
 
+@pytest.mark.smoke
 def test_small_volume_parks_before_enospc_then_resumes_identically(tmpfs, reference: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A volume too small for the campaign parks in PAUSED_DISK (exit 4) before the trainer sees
     ENOSPC; once the volume grows, `run` resumes and the results equal an uninterrupted run."""

@@ -19,6 +19,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reference_run(tmp_path_factory.mktemp("reference"), ROUNDS)
 
 
+@pytest.mark.smoke
 def test_golden_path_runs_every_state_once_per_round_in_order(reference: Path) -> None:
     """An uninterrupted campaign completes all rounds and journals each round state once, in order."""
     assert status(reference)["state"] == "DONE"
@@ -30,6 +31,7 @@ def test_golden_path_runs_every_state_once_per_round_in_order(reference: Path) -
     assert not [r for r in journal(reference) if r["event"] == "stage.skipped"]
 
 
+@pytest.mark.smoke
 def test_golden_path_results_are_complete(reference: Path) -> None:
     """Every round has its val summary, gate manifest and next curriculum on disk, but the last
     round: no curriculum after it, as upstream (its INJECT records it as not built)."""
@@ -93,6 +95,7 @@ def _crash_matrix(reference: Path, tmp_path: Path, points: list[str]) -> None:
     assert [saves.get(20 * (i + 1)) for i in range(ROUNDS)] == [1] * ROUNDS, saves
 
 
+@pytest.mark.smoke
 def test_seed_resume_round_1_case_starts_after_train(reference: Path, tmp_path: Path) -> None:
     """round-001's final checkpoint (iter 40) exists but no val/gate files: the daemon resumes at
     EXPORT_HF for round-001 and never retrains it (the seed's RESUME_ROUND=1)."""

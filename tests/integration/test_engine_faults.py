@@ -47,6 +47,7 @@ def _retries(root: Path, state: str) -> list[dict[str, object]]:
             and r.get("dst") == state]
 
 
+@pytest.mark.smoke
 def test_trainer_crash_mid_round_is_relaunched_and_results_are_identical(reference: Path, tmp_path: Path) -> None:
     """The trainer dies at rollout 12 (with saves every 5): TRAIN relaunches it from the last
     checkpoint and the results equal an uninterrupted run."""
@@ -129,6 +130,7 @@ def test_sigkill_of_a_child_mid_stage_is_survived(reference: Path, tmp_path: Pat
         assert _events(tmp_path, "shopsim.died") or _events(tmp_path, "shopsim.restart")
 
 
+@pytest.mark.smoke
 def test_sigterm_is_a_graceful_stop_and_the_next_run_resumes(reference: Path, tmp_path: Path) -> None:
     """SIGTERM stops the children, persists STOPPED with where to resume, exits 0; `run` resumes."""
     campaign = make_tree(tmp_path, rounds=ROUNDS, edits={r'^step_seconds = ".*"$': 'step_seconds = "0.05"'})

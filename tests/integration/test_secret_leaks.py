@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shoprld.daemon.demo import FAKE_ENV
 from tests.demotree import CmdlineSampler, kill_tree_leftovers, leak_hits, make_tree, reference_run, run_daemon
 
@@ -18,6 +20,7 @@ CANARIES = {
 }
 
 
+@pytest.mark.smoke
 def test_canaries_appear_nowhere_after_a_crashed_and_resumed_campaign(tmp_path: Path) -> None:
     """With canaries in .env, after a campaign killed mid-TRAIN and resumed: no log, state, journal,
     status (human and JSON), ledger, child cmdline or rendered systemd unit contains any of them,
