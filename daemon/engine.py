@@ -56,7 +56,8 @@ from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
-from .store import SOCKET_FILE, Store, atomic_write_json
+from .roundlog import STATUS_RECENT_ROUNDS
+from .store import ROUND_DONE_EVENT, SOCKET_FILE, Store, atomic_write_json
 
 MODULES: dict[State, ModuleType] = {
     State.PREFLIGHT_DISK: preflight_disk,
@@ -231,9 +232,12 @@ class Engine:
         if loaded and loaded.warning:
             log.warning("state.rebuilt", warning=loaded.warning, source=loaded.source)
             self.store.append({"event": "state.rebuilt", "warning": loaded.warning})
+        for rec in loaded.unrecorded if loaded else []:  # an older state dir's rounds: recorded once
+            self.store.append_round(rec)
+        rounds = loaded.rounds if loaded else []
         self.state_data = {
             "campaign": self.cfg.campaign.name, "first_start": data.get("first_start") or self.clock.time(),
-            "round_durations": {str(k): v for k, v in (data.get("round_durations") or {}).items()},
+            "round_durations": {str(r["round"]): d for r in rounds if (d := _num(r.get("duration_seconds"))) is not None},
             "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
@@ -263,7 +267,7 @@ class Engine:
             "campaign": self.cfg.campaign.name, "experiment": self.cfg.campaign.experiment,
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
             "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
-            "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
+            "rounds_done": rounds, "last_error": None, "stop_reason": None,
             "last_failure": data.get("last_failure"),
             "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
         }
@@ -930,10 +934,13 @@ class Engine:
         self.store.append(rec, sync=sync)
 
     def _state_doc(self) -> dict[str, Any]:
+        """The snapshot (state.json, the journal's transitions): its size does not grow with the
+        rounds. The per-round facts are in rounds.jsonl, written once; the cursor counts them."""
         return {
-            **self.state_data, "state": self.machine.state.value, "round": self.round, "seq": self.seq,
+            **{k: v for k, v in self.state_data.items() if k != "round_durations"},  # per round: rounds.jsonl
+            "state": self.machine.state.value, "round": self.round, "seq": self.seq,
             "children": {r: c.record.to_json() for r, c in self.children.items()},
-            "rounds_done": self.snap.get("rounds_done", []), "stop_reason": self.snap.get("stop_reason"),
+            "rounds_recorded": len(self.snap.get("rounds_done", [])), "stop_reason": self.snap.get("stop_reason"),
             "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
 
@@ -956,6 +963,8 @@ class Engine:
         plan = self._plan()
         warnings += [line for _, line in plan.problems()]
         return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
+                # The newest rounds only: `shoprld status` reads them all from rounds.jsonl.
+                "rounds_done": self.snap.get("rounds_done", [])[-STATUS_RECENT_ROUNDS:],
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -971,8 +980,9 @@ class Engine:
             self.store.write_status(doc)
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
-        if self.metrics is not None:
-            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+        if self.metrics is not None:  # every round's metric, not status.json's newest few
+            self.metrics.write(self.redactor.obj({**doc, "rounds_done": self.snap.get("rounds_done", [])}),
+                               self.state_data["counters"])
 
     def _plan(self) -> Any:
         """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
@@ -1067,6 +1077,9 @@ class Engine:
         log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
+        # The round's facts, written once (store.py: journal, then rounds.jsonl, then the cursor).
+        self._journal(ROUND_DONE_EVENT, sync=False, **done[-1])
+        self.store.append_round(done[-1])
         self._persist()
         val = f"{primary.get('success_rate')}" if primary else "n/a"
         self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {gate_rec.get('decision', '?')}",

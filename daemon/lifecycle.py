@@ -77,6 +77,7 @@ from .config import Config, load_config
 from .disk import human_bytes
 from .errors import EXIT_CONFIG, EXIT_OK, LockError, ShoprldError
 from .layout import Layout
+from .roundlog import ROUNDS_FILE
 from .secrets import Secrets, load_secrets
 from .store import JOURNAL_FILE, LOCK_FILE, STATE_FILE, STATUS_FILE, Store, atomic_write
 
@@ -503,8 +504,8 @@ def _round_rows(camp: Campaign) -> list[dict[str, Any]]:
 
     cfg, layout = camp.cfg, camp.layout
     ledger_rows = {r["index"]: r for r in Ledger(layout.ledger, overflow_dir=layout.campaign_root / "ledger").rows()}
-    state = _read_json(layout.state_dir / STATE_FILE) or {}
-    durations = state.get("round_durations") or {}
+    loaded = Store(layout.state_dir).load()
+    durations = {str(r["round"]): r.get("duration_seconds") for r in (loaded.rounds if loaded else [])}
     rows = []
     for r in range(cfg.campaign.rounds):
         rid = f"round-{r:03d}"
@@ -948,7 +949,7 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
                 pass
 
         put("config/campaign.toml", cfg.source)
-        for f in (STATE_FILE, JOURNAL_FILE, STATUS_FILE):
+        for f in (STATE_FILE, JOURNAL_FILE, STATUS_FILE, ROUNDS_FILE):
             put(f"state/{f}", layout.state_dir / f)
         put("ledger/repo.tsv", layout.ledger)
         overflow = layout.campaign_root / "ledger" / f"{layout.ledger.stem}.tsv"
@@ -1483,10 +1484,12 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _P
         doc = _forget_processes(doc)
         atomic_write(state_dir / name, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
-    journal = files.get(f"state/{JOURNAL_FILE}")
-    if journal is not None:
+    for name in (JOURNAL_FILE, ROUNDS_FILE):  # the JSON-lines files
+        raw = files.get(f"state/{name}")
+        if raw is None:
+            continue
         lines = []
-        for line in journal.decode("utf-8", errors="replace").splitlines():
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 rec = rp.obj(json.loads(line))
             except ValueError:
@@ -1494,7 +1497,7 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _P
             if isinstance(rec, dict) and isinstance(rec.get("snapshot"), dict):
                 rec["snapshot"] = _forget_processes(rec["snapshot"])
             lines.append(json.dumps(rec, sort_keys=True))
-        atomic_write(state_dir / JOURNAL_FILE, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
+        atomic_write(state_dir / name, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
     # The ledger: merged with whatever the new checkout already has (by round index).
     for dst, data, kind in plan.writes:
