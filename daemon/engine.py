@@ -712,15 +712,11 @@ class Engine:
         trainer runs), and the campaign's own tmp. Never the shared cache or other campaigns."""
         scan = ckpt.scan(self.layout.save_dir)
         m = ckpt.IterationMapping(self.cfg.campaign.steps_per_round, self.cfg.train.end_offset)
-        keep = {m.end_iteration(self.round - 1)} if self.round > 0 else set()
-        export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json")
-        if export and isinstance(export.get("iteration"), int):
-            keep.add(export["iteration"])
-        current = [c.iteration for c in scan.checkpoints if c.complete and m.round_of(c.iteration) == self.round]
-        if current:
-            keep.add(max(current))
-        doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=trainer_running)
-        freed = ckpt.delete_checkpoints(doomed, save_dir=self.layout.save_dir) if doomed else 0
+        export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json") or {}
+        exported = export.get("iteration") if isinstance(export.get("iteration"), int) else None
+        # Under pressure: only the previous round's final (keep_finals=1), not the configured finals.
+        keep = ckpt.keep_set(scan, m, round=self.round, finished=False, keep_finals=1, export_iteration=exported)
+        doomed, freed = ckpt.retain(scan, keep, save_dir=self.layout.save_dir, trainer_running=trainer_running)
         if self.layout.tmp.exists():
             freed += diskmod.clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
         if freed:

@@ -180,31 +180,23 @@ def _repair_tracker(ctx: RoundContext) -> None:
     """A tracker naming a torn save would make slime (Megatron) fail to load: point it back at
     the newest complete checkpoint, or set it aside when there is none, so ``--load`` resumes
     from what is really on disk. Only ever done while no trainer runs."""
-    from shoprld.daemon.store import atomic_write
-
     save = ctx.layout.save_dir
     scan = ckpt.scan(save)
     tracker = scan.tracker
     if tracker.iteration is None or ckpt.is_complete(save, tracker.iteration):
         return
     good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
-    path = save / ckpt.TRACKER_NAME
-    if good:
-        atomic_write(path, f"{good[-1].iteration}\n".encode())
-        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=good[-1].iteration)
-    else:
-        path.rename(path.with_name(f"{path.name}.torn-{int(ctx.clock.time())}"))
-        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=None)
+    now = good[-1].iteration if good else None
+    ckpt.point_tracker(save, now, set_aside_as=f"torn-{int(ctx.clock.time())}")
+    ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=now)
     _prune_partials(ctx)
 
 
 def _prune_partials(ctx: RoundContext) -> None:
     """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
     scan = ckpt.scan(ctx.layout.save_dir)
-    doomed = ckpt.retention_plan(scan, keep_iterations={c.iteration for c in scan.checkpoints if c.complete},
-                                 trainer_running=False)
-    if doomed:
-        ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)
+    ckpt.retain(scan, {c.iteration for c in scan.checkpoints if c.complete}, save_dir=ctx.layout.save_dir,
+                trainer_running=False)
 
 
 async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
