@@ -99,6 +99,7 @@ __all__ = [
     "WatchMode",
     "deep_verify",
     "delete_checkpoints",
+    "delete_iter_dir",
     "detect_watch_mode",
     "is_complete",
     "iter_dir",
@@ -804,6 +805,18 @@ def delete_checkpoints(items: Iterable[Checkpoint], *, save_dir: Path) -> int:
         log.info("checkpoint.deleted", iteration=ckpt.iteration, path=path, bytes=size, partial=not ckpt.complete)
     _sweep_trash(root)
     return freed
+
+
+def delete_iter_dir(path: Path) -> int:
+    """Delete one ``iter_N`` dir named by its path, complete or not (``shoprld clean``: every
+    checkpoint of the campaign goes), as :func:`delete_checkpoints` deletes: refused unless it is a
+    real ``iter_N`` dir directly in its parent, trash-renamed first. Returns the bytes freed."""
+    m = _ITER_RE.fullmatch(path.name)
+    if m is None:
+        _log().warning("checkpoint.delete_refused", path=str(path), reason="not an iter_N dir")
+        return 0
+    found = Checkpoint(int(m.group(1)), path, False, 0, None)
+    return delete_checkpoints([found], save_dir=path.parent)
 
 
 def _sweep_trash(root: str) -> None:

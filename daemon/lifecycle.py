@@ -201,7 +201,7 @@ class Doomed:
     path: Path
     what: str
     bytes: int
-    mode: str  # "tree" | "contents" | "file"
+    mode: str  # "tree" | "contents" | "file" | "checkpoint" (an iter_N dir: checkpoints.py deletes it)
 
 
 @dataclass
@@ -294,7 +294,7 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
             state = "final, " if is_final else ""
             c = scan.get(it)
             state += "complete" if c is not None and c.complete else "partial"
-            add(p, f"checkpoint iter_{it:07d} ({state}, round-{m.round_of(it):03d})", "tree")
+            add(p, f"checkpoint iter_{it:07d} ({state}, round-{m.round_of(it):03d})", "checkpoint")
         elif e.name == ckpt.TRACKER_NAME:
             if keep_final and final is not None:
                 plan.kept.append(("checkpoint tracker", p))
@@ -364,7 +364,16 @@ def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
     for item in plan.items:
         real = Path(os.path.realpath(item.path))
         try:
-            if item.mode == "file":
+            if item.mode == "checkpoint":  # checkpoints.py alone deletes checkpoints (trash-renamed first)
+                if not _inside(str(real), os.path.realpath(guard_root)):
+                    raise ValueError(f"{item.path}: resolves outside the campaign root")
+                if not os.path.lexists(item.path):
+                    continue
+                ckpt.delete_iter_dir(item.path)
+                if os.path.lexists(item.path):
+                    raise OSError("still there (see checkpoint.delete_refused/delete_failed in the log)")
+                freed += item.bytes
+            elif item.mode == "file":
                 if os.path.realpath(item.path) != str(real) or not _inside(str(real), os.path.realpath(guard_root)):
                     raise ValueError(f"{item.path}: moved outside the campaign root since the plan")
                 os.unlink(real)
