@@ -303,3 +303,15 @@ def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[P
         assert json.loads((d / "status.json").read_text())["stop_conditions"]["rounds_done"] == n
     # The cursor's digits and the newest rounds' indices may differ: a few bytes, not 300 rounds' worth.
     assert all(abs(a - b) < 200 for a, b in zip(sizes[30], sizes[300])), sizes
+
+
+def test_a_rounds_file_ahead_of_the_snapshot_is_the_truth(tmp_path: Path) -> None:
+    """A crash between the rounds.jsonl append and the state.json write leaves the file ahead of the
+    cursor: the round it records is kept, without a warning (it did finish)."""
+    s = Store(tmp_path)
+    s.save(_snap(9, rounds_done=[], round_durations={}, rounds_recorded=1))
+    s.append_round(_round(0))
+    s.append_round(_round(1))
+    loaded = Store(tmp_path).load()
+    assert loaded is not None and loaded.warning is None and loaded.unrecorded == []
+    assert [r["round"] for r in loaded.rounds] == [0, 1]
