@@ -959,8 +959,6 @@ class Engine:
         plan = self._plan()
         warnings += [line for _, line in plan.problems()]
         return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
-                # The newest rounds only: `shoprld status` reads them all from rounds.jsonl.
-                "rounds_done": self.snap.get("rounds_done", [])[-STATUS_RECENT_ROUNDS:],
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": self.cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
@@ -973,12 +971,13 @@ class Engine:
         doc = self._status_doc()
         self._warn_plan()
         try:
-            self.store.write_status(doc)
+            # The newest rounds only: status.json keeps its size; `shoprld status` reads every
+            # round from rounds.jsonl (daemon/roundlog.py).
+            self.store.write_status({**doc, "rounds_done": doc["rounds_done"][-STATUS_RECENT_ROUNDS:]})
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
-        if self.metrics is not None:  # every round's metric, not status.json's newest few
-            self.metrics.write(self.redactor.obj({**doc, "rounds_done": self.snap.get("rounds_done", [])}),
-                               self.state_data["counters"])
+        if self.metrics is not None:
+            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
 
     def _plan(self) -> Any:
         """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
