@@ -22,6 +22,7 @@ from shoprld.daemon.checkpoints import (
     Tracker,
     deep_verify,
     delete_checkpoints,
+    delete_iter_dir,
     detect_watch_mode,
     is_complete,
     iter_dir,
@@ -477,6 +478,19 @@ def test_outage_rollback_deletes_what_followed_the_witness_and_repoints_the_trac
     done = roll_back_to(tmp_path, None, now=1000.0)
     assert (done.deleted, done.resume) == ((20, 40), None)
     assert not (tmp_path / TRACKER_NAME).exists() and (tmp_path / f"{TRACKER_NAME}.rolled-back-1000").exists()
+
+
+def test_delete_iter_dir_deletes_by_path_and_refuses_what_is_not_an_iter_dir(tmp_path: Path) -> None:
+    """clean's way in: an iter_N dir named by its path goes (complete or partial); a symlink to one
+    or a dir of another name is refused and stays."""
+    save(tmp_path, 20)
+    write_files(tmp_path, 40, ("__0_0.distcp",))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / "iter_0000060").symlink_to(iter_dir(tmp_path, 20))
+    assert delete_iter_dir(iter_dir(tmp_path, 40)) > 0 and not iter_dir(tmp_path, 40).exists()
+    assert delete_iter_dir(other) == 0 and other.exists()
+    assert delete_iter_dir(tmp_path / "iter_0000060") == 0 and iter_dir(tmp_path, 20).exists()
 
 
 def test_delete_frees_bytes_and_logs(tmp_path: Path) -> None:
