@@ -225,8 +225,8 @@ def main() -> int:
         cleanup_tree(work)
     wall = time.monotonic() - t0
     done = ledger_rows(work)
-    # What a restart would pay now: Store.load() reads state.json, then scans the whole journal
-    # for a newer snapshot (daemon/store.py), and the journal grows with every round.
+    # What a restart would pay now: Store.load() reads state.json, the journal's tail for a newer
+    # snapshot and rounds.jsonl (daemon/store.py).
     from shoprld.daemon.store import Store
 
     t, c = time.perf_counter(), time.process_time()
