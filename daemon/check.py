@@ -8,10 +8,13 @@ chosen campaign root, every cache and output path redirected, the ``.env`` keys 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from .config import PLACEHOLDERS, Config, load_config
 from .layout import Layout
+from .saves import describe as describe_saves
+from .saves import plan as plan_saves
 from .secrets import Secrets, load_secrets
 from .validate import Problem
 from .validate import problems as validation_problems
@@ -27,9 +30,9 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
     values: dict[str, str] = {}
     if templates_ok:
-        from .commands import round_values
+        from .roundplan import resolve
 
-        values = dict(round_values(cfg, layout, 0))
+        values = dict(resolve(cfg, layout, 0).values)
     # A too-long TMPDIR early: it is a config error that only shows hours into a round.
     problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
     try:
@@ -131,6 +134,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     if warning:
         out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
+    out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")

@@ -106,6 +106,7 @@ __all__ = [
     "keep_set",
     "outage_suspects",
     "point_tracker",
+    "iter_name",
     "read_tracker",
     "retain",
     "retention_plan",
@@ -141,9 +142,15 @@ def _log() -> FilteringBoundLogger:
     return logger
 
 
+def iter_name(iteration: int) -> str:
+    """Megatron's name for the checkpoint of ``iteration`` (``iter_{N:07d}``): the one place it
+    is spelled; a round's ``weight_version`` is this name too."""
+    return f"iter_{iteration:07d}"
+
+
 def iter_dir(save_dir: Path, iteration: int) -> Path:
-    """The path Megatron uses for ``iteration`` under ``save_dir`` (``iter_{N:07d}``)."""
-    return Path(save_dir) / f"iter_{iteration:07d}"
+    """The path Megatron uses for ``iteration`` under ``save_dir`` (:func:`iter_name`)."""
+    return Path(save_dir) / iter_name(iteration)
 
 
 def _iteration_of(name: str) -> int | None:
@@ -730,7 +737,7 @@ def roll_back_to(save_dir: Path, witnessed: int | None, *, now: float) -> Rollba
     return Rollback(tuple(c.iteration for c in doomed), resume)
 
 
-def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str) -> None:
+def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str = "set-aside") -> None:
     """Make Megatron's tracker name ``iteration`` (atomically, durably). With None there is nothing
     to resume from: the tracker, if any, is renamed ``<tracker>.<set_aside_as>`` (kept for the
     post-mortem), and the next trainer starts from the base model."""
@@ -741,14 +748,24 @@ def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str) -
         tracker.rename(tracker.with_name(f"{tracker.name}.{set_aside_as}"))
 
 
+def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int) -> set[int]:
+    """The keep set while ``round_index`` trains (issue 17): the newest complete save of the
+    round, and every complete checkpoint outside it (the finals NEXT_ROUND's retention left,
+    which ``--load`` and the export need). The round's older saves are superseded: a fault
+    resumes from the newest, so keeping them would only cost a checkpoint's room each."""
+    complete = [c.iteration for c in scan.checkpoints if c.complete]
+    mine = [i for i in complete if mapping.round_of(i) == round_index]
+    return {i for i in complete if mapping.round_of(i) != round_index} | ({max(mine)} if mine else set())
+
+
 def _refusal(path: str, root: str, iteration: int) -> str | None:
     if os.path.islink(path):
         return "is a symlink"
     real = os.path.realpath(path)
     if os.path.dirname(real) != root:
         return f"resolves to {real}, not directly inside {root}"
-    if os.path.basename(real) != f"iter_{iteration:07d}":
-        return f"resolves to {real}, which is not iter_{iteration:07d}"
+    if os.path.basename(real) != iter_name(iteration):
+        return f"resolves to {real}, which is not {iter_name(iteration)}"
     if not os.path.isdir(real):
         return "is not a directory"
     return None

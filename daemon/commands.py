@@ -22,90 +22,23 @@ Two checks live here too, because they read the same resolved values:
 from __future__ import annotations
 
 import fcntl
-import functools
 import ipaddress
 import json
 import re
 import shlex
 import socket
 import struct
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-from .config import Config, ProcessSpec, expand_vars
+from .config import Config, ProcessSpec
 from .layout import Layout
-from .secrets import MASK, Secrets
-
-if TYPE_CHECKING:
-    from shoprld.states.base import RoundContext
-
-
-# -- round values without an engine ---------------------------------------------------------------
-class _NoStop:
-    at_checkpoint = False
-
-
-def _demo_dir() -> Path:
-    import shoprld.recipes.demo as d
-
-    return Path(d.__file__).resolve().parent
-
-
-def round_context(cfg: Config, layout: Layout, round_index: int, secrets: Secrets | None = None, *,
-                  base_env: Mapping[str, str] | None = None, planned: bool = False) -> RoundContext:
-    """A RoundContext for reading values (no services): what the engine would build.
-
-    ``planned``: show round ``r`` as the campaign will run it from a fresh start (round 0
-    loads ``train.base_load``, later rounds the save dir, and a later round's inputs are
-    the ones a complete gate leaves), whatever is on disk now.
-    """
-    from shoprld.daemon.processes import LocalLauncher
-    from shoprld.states.base import RoundContext, SystemClock
-
-    cls = _planned_context_class() if planned else RoundContext
-    return cls(
-        cfg=cfg, layout=layout, secrets=secrets or Secrets(), round=round_index, launcher=LocalLauncher(),
-        http=None, clock=SystemClock(), shopsim=None, val_server=None,  # type: ignore[arg-type]
-        emit=lambda *a, **k: None, register_child=lambda c: None, unregister_child=lambda c: None,
-        find_child=lambda role: None, stop=_NoStop(),
-        base_env=dict(layout.child_env(cfg) if base_env is None else base_env),
-        python=sys.executable, demo_dir=_demo_dir(),
-    )
-
-
-def round_values(cfg: Config, layout: Layout, round_index: int, *, planned: bool = False) -> dict[str, str]:
-    """Every ``{placeholder}`` for one round (``RoundContext.values``)."""
-    return round_context(cfg, layout, round_index, planned=planned).values()
-
-
-@functools.cache
-def _planned_context_class() -> type[RoundContext]:
-    from shoprld.states.base import RoundContext, round_id
-
-    class PlannedContext(RoundContext):
-        def inputs(self) -> dict[str, str]:
-            if self.round == 0 or self.read_record("inject", round_id(self.round - 1)):
-                return super().inputs()
-            runs = self.runs
-            prev = round_id(self.round - 1)
-            return {"skillbank": str(runs / self.round_id / "selected_skillbank.json"),
-                    "curriculum": str(runs / self.round_id / "curriculum.json"),
-                    "history_ledger": str(runs / f"{prev}-online-gate" / "proposal_ledger.jsonl")}
-
-        def values(self) -> dict[str, str]:
-            v = super().values()
-            base = self.cfg.train.base_load
-            v["load"] = str(base) if self.round == 0 and base is not None else str(self.layout.save_dir)
-            expand_vars(self.cfg.vars, v)
-            return v
-
-    return PlannedContext
-
-
+from .raylauncher import RayLauncher, entrypoint_of, job_env, ray_tmpdir_path
+from .roundplan import RoundValues, resolve
+from .secrets import KNOWN_SECRET_KEYS, MASK, Secrets
 
 
 # -- the trainer as a Ray job --------------------------------------------------------------------
@@ -124,17 +57,14 @@ class TrainJob:
 def train_job(cfg: Config, layout: Layout, secrets: Secrets, round_index: int, *, planned: bool = True,
               base_env: Mapping[str, str] | None = None) -> TrainJob:
     """The trainer's submission for a round, built the way RayLauncher builds it."""
-    from .raylauncher import RayLauncher, entrypoint_of, job_env
-
-    ctx = round_context(cfg, layout, round_index, secrets, planned=planned,
-                        base_env=layout.child_env(cfg, base={}) if base_env is None else base_env)
-    values = ctx.values()
-    argv = ctx.argv(cfg.train.command)
-    launched = ctx.wrap(argv, cfg.train)
+    rv = resolve(cfg, layout, round_index, secrets, planned=planned,
+                 base_env=layout.child_env(cfg, base={}) if base_env is None else base_env)
+    argv = rv.argv(cfg.train.command)
+    launched = rv.wrap(argv, cfg.train)
     cwd = cfg.train.cwd or layout.project_root
-    env = ctx.env(cfg.train)
-    sid = RayLauncher(cfg, layout).submission_id(values["round_id"], 1)
-    return TrainJob(argv, launched, entrypoint_of(launched, cwd), job_env(cfg, layout, env, values), sid, cwd)
+    env = rv.env(cfg.train)
+    sid = RayLauncher(cfg, layout).submission_id(rv.round_id, 1)
+    return TrainJob(argv, launched, entrypoint_of(launched, cwd), job_env(cfg, layout, env, rv.values), sid, cwd)
 
 
 # -- describe ------------------------------------------------------------------------------------------
@@ -163,27 +93,23 @@ def _stage(name: str, argv: Sequence[str], spec: ProcessSpec, secrets: Secrets, 
 
 def describe_commands(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     """Every stage's resolved command for round 0 and round 1, secrets masked."""
-    from .secrets import KNOWN_SECRET_KEYS
-
     red = secrets.redact
     out: list[str] = []
     secretish = set(KNOWN_SECRET_KEYS) | set(cfg.required_secrets()) | set(cfg.train.secrets)
     for r in range(min(2, cfg.campaign.rounds)):
-        ctx = round_context(cfg, layout, r, secrets, planned=True)
-        v = ctx.values()
+        rv = resolve(cfg, layout, r, secrets, planned=True)
+        v = rv.values
         home = layout.project_root
 
-        def argv(template: Sequence[str], ctx: RoundContext = ctx) -> list[str]:
-            return ctx.argv(template) if template else []
+        def argv(template: Sequence[str], rv: RoundValues = rv) -> list[str]:
+            return rv.argv(template) if template else []
 
-        out.append(f"round {r} ({v['round_id']}): --num-rollout {v['num_rollout']} (ends at iter_"
-                   f"{int(v['end_iteration']):07d}), --load {v['load']}")
+        out.append(f"round {r} ({v['round_id']}): --num-rollout {v['num_rollout']} (ends at "
+                   f"{rv.plan.checkpoint_name}), --load {v['load']}")
         if r == 0:
             out += _stage("shopsim", argv(cfg.shopsim.command), cfg.shopsim, secrets, v,
                           cwd=cfg.shopsim.cwd or home)
             if cfg.train.launcher == "ray" and cfg.train.ray_start_head:
-                from .raylauncher import ray_tmpdir_path
-
                 tmp = ray_tmpdir_path(layout)
                 shown = f"{tmp} -> {layout.ray_tmp}" if tmp != layout.ray_tmp else str(tmp)
                 out += _stage("ray-head", argv(cfg.train.ray_head_command),

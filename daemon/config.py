@@ -55,7 +55,7 @@ PLACEHOLDERS: dict[str, str] = {
     "base_load": "the converted base model (round 0's --load)",
     "num_rollout": "slime's --num-rollout for this round (absolute end)",
     "end_iteration": "the iteration this round's final save has",
-    "save_interval": "train.save_interval",
+    "save_interval": "slime's --save-interval: train.save_interval, or the launch's adaptive choice ([saves] mode)",
     "round": "the 0-based round index",
     "round_id": "round-%03d",
     "next_round_id": "the next round's id",
@@ -384,6 +384,28 @@ class TrainSection(ProcessSpec):
         return v
 
 
+class SavesSection(_Model):
+    """How often the trainer saves (issue 17; daemon/saves.py owns the choice).
+
+    ``fixed`` passes ``train.save_interval`` as it is (the seed's 10000: one save per round, at
+    its last rollout). ``adaptive`` picks the interval before every trainer launch from the
+    Young/Daly optimum ``sqrt(2 * save_cost * MTBF)``, in steps, when the disk has room for one
+    more checkpoint; otherwise it falls back to one save per round and says so. The guesses
+    stand in until the campaign has measured its own: a save's cost (slime's ``Timer save_model``
+    line), a step's time (TRAIN's median), and failures (trainer crashes and stalls).
+    """
+
+    mode: Literal["fixed", "adaptive"] = "fixed"
+    # A 53 GB torch_dist save plus the 9 GB --save-hf export: minutes on a data disk.
+    cost_guess: Duration = Field(default=180.0, gt=0)
+    # A slime step on the seed's 4xA800: 750-920 s on average (shared/SHOPSIMRL.md).
+    step_guess: Duration = Field(default=850.0, gt=0)
+    # The MTBF prior as pseudo-observations: the seed's night had two faults in 25 h. The
+    # campaign's own trainer failures and training hours are added to them.
+    prior_faults: Float = Field(default=2.0, gt=0, le=MAX_COUNT)
+    prior_window: Duration = Field(default=25 * 3600.0, gt=0)
+
+
 class SidecarSection(ProcessSpec):
     enabled: Bool = True
     # The real watch-analyze has no forced exit: on stop it waits for every in-flight analysis,
@@ -505,6 +527,7 @@ class Config(_Model):
     gpus: GpuSection = GpuSection()
     shopsim: ShopsimSection = ShopsimSection()
     train: TrainSection
+    saves: SavesSection = SavesSection()
     sidecar: SidecarSection = SidecarSection(enabled=False)
     export: ExportSection = ExportSection()
     val: ValSection = ValSection()

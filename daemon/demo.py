@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .engine import demo_dir, run_campaign
+from .engine import run_campaign
 from .errors import ConfigError
 from .roundlog import read as read_rounds
+from .roundplan import demo_dir
 
 FAKE_ENV = (
     "# Demo secrets: obviously fake values. The demo's trainer stand-in checks that\n"

@@ -47,6 +47,7 @@ from . import bundles
 from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
+from . import saves
 from .alerts import Alerts
 from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
@@ -54,6 +55,7 @@ from .layout import Layout
 from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
 from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
 from .roundlog import STATUS_RECENT_ROUNDS
@@ -94,12 +96,6 @@ log = structlog.get_logger("shoprld.engine")
 ALERT_DRAIN_S = 30.0
 
 
-def demo_dir() -> Path:
-    import shoprld.recipes.demo as d
-
-    return Path(d.__file__).resolve().parent
-
-
 class _Stop:
     """The stop flags stages can read (StopFlags protocol)."""
 
@@ -118,10 +114,11 @@ class _TaggingLauncher:
     def __init__(self, inner: Launcher, tag: str) -> None:
         self._inner, self._tag = inner, tag
 
-    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any) -> Child:
+    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
+                    round: RoundValues | None = None) -> Child:
         tag = f"{self._tag}|{role}"
         child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,
-                                        redacted_argv=redacted_argv)
+                                        redacted_argv=redacted_argv, round=round)
         child.record.tag = tag
         return child
 
@@ -146,7 +143,7 @@ class Engine:
         self._transport = transport
         # The one Redactor every persisted or sent text passes through, whoever built it.
         self.redactor = secrets.redactor
-        self.store = Store(layout.state_dir, redactor=self.redactor)
+        self.store = Store(layout.state_dir, redactor=self.redactor, status_in_background=True)
         self.machine = Machine()
         self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
         self.children: dict[str, Child] = {}
@@ -568,13 +565,12 @@ class Engine:
         }.get(state, ProcessSpec(retries=2))
 
     def _ctx(self, round_index: int | None = None, attempt: int | None = None) -> base.RoundContext:
+        plan = RoundPlan(self.cfg, self.layout, self.round if round_index is None else round_index, self.secrets,
+                         python=self.python, demo_dir=self.demo_dir, base_env=self.base_env)
         return base.RoundContext(
-            cfg=self.cfg, layout=self.layout, secrets=self.secrets,
-            round=self.round if round_index is None else round_index,
-            launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
+            plan=plan, launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
             val_server=self.val_server, emit=self._emit, register_child=self._register,
             unregister_child=self._unregister, find_child=self._find_child, stop=self.stop,
-            base_env=self.base_env, python=self.python, demo_dir=self.demo_dir,
             attempt=self.attempt if attempt is None else attempt,
         )
 
@@ -612,7 +608,7 @@ class Engine:
         order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
         for child in order:
             if child.record.role == "shopsim":
-                self.shopsim.vouch(self._ctx())  # the trainer is stopped: all it saved ran against this ShopSim
+                self.shopsim.vouch(self.layout.save_dir)  # the trainer is stopped: all it saved ran against this ShopSim
                 if self.shopsim.external:
                     continue
             if force:
@@ -782,6 +778,10 @@ class Engine:
         self._write_status(force=True)
         if self._guard is not None:  # limits follow the measured checkpoint size
             self._guard.limits = self._limits()
+        if self.machine.state is State.TRAIN:  # issue 17: a save supersedes the round's older ones
+            deleted, freed = saves.prune_superseded(self.cfg, self.layout, self.round)
+            if deleted:
+                self._journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")
         if self.machine.state is State.TRAIN:
             if self.park_pending:
                 return await self._park(self.park_pending)
@@ -1026,10 +1026,15 @@ class Engine:
         elif event in ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archived", "gate.reused",
                        "child.adopted", "checkpoint.rollback", "shopsim.outage_after_use", "shopsim.ready",
                        "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
-                       "shopsim.restart_failed", "sidecar.drain_timeout", "sidecar.stopped_for_recovery"):
+                       "shopsim.restart_failed", "sidecar.drain_timeout", "shopsim.client_stopped_for_recovery",
+                       "train.resume_check", "train.stacks_dumped"):  # issue 17: the resume check; a stall's evidence
             self._journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/gpus.py): what held the GPUs, what was stopped, the wait
             self._journal(event, **fields)
+        elif event.startswith("save."):  # issue 17 (daemon/saves.py): save timings, each launch's interval
+            self._journal(event, **fields)
+            if event == "save.interval":
+                self.snap["saves"] = fields
         elif event == "stage.exit":
             self.attempt_info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
@@ -1058,7 +1063,7 @@ class Engine:
     def _round_finished(self) -> None:
         ctx = self._ctx()
         started = ctx.read_record("round") or {}
-        summary = base.read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
+        summary = base.read_json(ctx.plan.bare_val_dir / "summary.json") or {}
         primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
         gate_rec = ctx.read_record("gate") or {}
         inject_rec = ctx.read_record("inject") or {}

@@ -56,10 +56,10 @@ import anyio
 import anyio.to_thread
 
 from .errors import ConfigError
-from .processes import CHILD_TAG, pid_alive, proc_start_ticks
+from .processes import CHILD_TAG, ChildHost, pid_alive, proc_start_ticks
 
 if TYPE_CHECKING:
-    from shoprld.states.base import RoundContext
+    from .roundplan import RoundPlan  # the round layer sits above: for typing only
 
 MIB = 1024 * 1024
 _POLL_S = 0.5
@@ -526,19 +526,19 @@ def ray_head_sid(ray_tmp: Path) -> int | None:
     return None
 
 
-async def ensure_free(ctx: RoundContext, stage: str, probe: GpuProbe | None = None) -> str | None:
+async def ensure_free(plan: RoundPlan, host: ChildHost, stage: str, probe: GpuProbe | None = None) -> str | None:
     """The hook a GPU stage calls just before it starts its GPU process: None when the visible
     GPUs hold nothing of an earlier stage (stragglers of ours are stopped), else ONE line."""
-    g = ctx.cfg.gpus
-    owners = Owners.of(ctx.layout.state_dir, ray_head_sid(ctx.layout.ray_tmp))
+    g = plan.cfg.gpus
+    owners = Owners.of(plan.layout.state_dir, ray_head_sid(plan.layout.ray_tmp))
 
     def is_live(role: str) -> bool:
-        child = ctx.find_child(role)
+        child = host.find_child(role)
         return child is not None and child.alive()
 
     return await make_free(probe or build_probe(g.probe, g.nvidia_smi), visible=g.visible, owners=owners,
-                           is_live=is_live, timeout=g.free_timeout, grace=g.straggler_grace, emit=ctx.emit,
-                           monotonic=ctx.clock.monotonic, stage=stage)
+                           is_live=is_live, timeout=g.free_timeout, grace=g.straggler_grace, emit=host.emit,
+                           monotonic=host.clock.monotonic, stage=stage)
 
 
 __all__ = [

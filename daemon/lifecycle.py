@@ -289,12 +289,12 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
         if it is not None:
             is_final = final is not None and it == final.iteration
             if keep_final and is_final:
-                plan.kept.append((f"final checkpoint iter_{it:07d} (--keep-final)", p))
+                plan.kept.append((f"final checkpoint {ckpt.iter_name(it)} (--keep-final)", p))
                 continue
             state = "final, " if is_final else ""
             c = scan.get(it)
             state += "complete" if c is not None and c.complete else "partial"
-            add(p, f"checkpoint iter_{it:07d} ({state}, round-{m.round_of(it):03d})", "checkpoint")
+            add(p, f"checkpoint {ckpt.iter_name(it)} ({state}, round-{m.round_of(it):03d})", "checkpoint")
         elif e.name == ckpt.TRACKER_NAME:
             if keep_final and final is not None:
                 plan.kept.append(("checkpoint tracker", p))
@@ -304,7 +304,7 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
             if keep_final and final is not None:
                 for f in sorted(os.scandir(p), key=lambda x: x.name):
                     if re.search(rf"_{final.iteration}\.pt$", f.name):
-                        plan.kept.append((f"slime data state of iter_{final.iteration:07d}", Path(f.path)))
+                        plan.kept.append((f"slime data state of {ckpt.iter_name(final.iteration)}", Path(f.path)))
                     else:
                         add(Path(f.path), "slime data state (older iteration)", "file")
             else:
@@ -484,19 +484,19 @@ def _stage_templates(cfg: Config) -> list[tuple[str, Sequence[str], Any]]:
 
 def stage_commands(camp: Campaign) -> dict[str, dict[str, Any]]:
     """Every stage's argv for every round, as the engine expands it, secrets masked."""
-    from .commands import round_context
+    from .roundplan import resolve
 
     cfg, layout, secrets = camp.cfg, camp.layout, camp.secrets
     red = secrets.redact
     out: dict[str, dict[str, Any]] = {}
     for r in range(cfg.campaign.rounds):
-        ctx = round_context(cfg, layout, r, secrets, planned=True)
-        values = ctx.values()
+        rv = resolve(cfg, layout, r, secrets, planned=True)
+        values = dict(rv.values)
         stages: dict[str, Any] = {}
         for name, template, spec in _stage_templates(cfg):
             if not template:
                 continue
-            argv = ctx.wrap(ctx.argv(template), spec)
+            argv = rv.wrap(rv.argv(template), spec)
             env = {k: red(v.format_map(values)) for k, v in spec.env.items()}
             if name == "val-server":
                 env.update({k: red(v.format_map(values)) for k, v in cfg.val.server_env.items()})
@@ -679,7 +679,7 @@ def _readme(camp: Campaign, git: Mapping[str, Any], rounds: list[dict[str, Any]]
                      f"{f'{dur:.0f}s' if isinstance(dur, (int, float)) else '-'} |")
     lines += ["", "## Final checkpoint", ""]
     if final:
-        lines.append(f"iter_{final['iteration']:07d} (round-{final['round']:03d}), {final['human']} "
+        lines.append(f"{ckpt.iter_name(final['iteration'])} (round-{final['round']:03d}), {final['human']} "
                      f"({final['bytes']} bytes), at {final['path']}")
     else:
         lines.append("none on disk when this record was written (see an earlier record's checkpoint.json)")
@@ -905,12 +905,12 @@ def _copy_items(camp: Campaign, roots: Mapping[str, str], state: Mapping[str, An
     cdoc = None
     if final is not None:
         cdoc = {**final.as_dict(), "tracker": scan.tracker.iteration, "save_dir": str(layout.save_dir)}
-        add(f"resume checkpoint iter_{final.iteration:07d}", final.path, True, "the resume point (--load)")
+        add(f"resume checkpoint {ckpt.iter_name(final.iteration)}", final.path, True, "the resume point (--load)")
         add("checkpoint tracker", layout.save_dir / ckpt.TRACKER_NAME, True, "names the resume point")
         for f in sorted((layout.save_dir / "rollout").glob(f"*_{final.iteration}.pt")):
-            add(f"slime data-sampler state of iter_{final.iteration:07d}", f, True, "slime resumes its data order")
+            add(f"slime data-sampler state of {ckpt.iter_name(final.iteration)}", f, True, "slime resumes its data order")
         for c in scan.committed[:-1]:
-            add(f"older checkpoint iter_{c.iteration:07d}", c.path, False, "not needed to resume")
+            add(f"older checkpoint {ckpt.iter_name(c.iteration)}", c.path, False, "not needed to resume")
     add("base model (train.base_load)", cfg.train.base_load, True, "round 0's --load; --hf-checkpoint")
     add("HF origin dir (export.origin_hf_dir)", cfg.export.origin_hf_dir, True, "config/tokenizer for the export")
     add(".env (secrets: never bundled)", layout.env_file, True, "the keys " + ", ".join(cfg.required_secrets()))
@@ -1071,7 +1071,7 @@ def move_checklist(manifest: Mapping[str, Any]) -> str:
         f"# Moving campaign {manifest['campaign']} / {manifest['experiment']}", "",
         f"Exported from {manifest['host']} at {when}, in state {st['state']} at round-{int(st['round'] or 0):03d} "
         f"({st['rounds']} rounds). Resume point: "
-        + (f"iter_{ck['iteration']:07d} ({human_bytes(ck['bytes'])})." if ck else "none (no checkpoint yet)."), "",
+        + (f"{ckpt.iter_name(ck['iteration'])} ({human_bytes(ck['bytes'])})." if ck else "none (no checkpoint yet)."), "",
         "The bundle holds the small state (state dir, journal, ledger, config, decision records, SkillBanks,",
         "curricula, the small runs/ files). Everything below is NOT in it.", "",
         "## 1. On the new machine, before copying",
@@ -1171,7 +1171,7 @@ def _rewrite_config(text: str, old_dir: Path, rp: Repointer, *, repo: Path, ephe
 def _verify_checkpoint(save_dir: Path, want: Mapping[str, Any]) -> str | None:
     """None when ``iter_<want>`` is complete in ``save_dir``, the tracker names it, and its size matches."""
     n = int(want["iteration"])
-    path = save_dir / f"iter_{n:07d}"
+    path = ckpt.iter_dir(save_dir, n)
     scan = ckpt.scan(save_dir)
     c = scan.get(n)
     if c is None:
@@ -1411,7 +1411,7 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
         if k in ("repo", "ephemeral_root", "state_dir", "config_dir"):
             out.write(f"  {k:<15} {v} -> {rp.path(v)}\n")
     if ck:
-        out.write(f"  checkpoint      iter_{int(ck['iteration']):07d} complete in {layout.save_dir} "
+        out.write(f"  checkpoint      {ckpt.iter_name(int(ck['iteration']))} complete in {layout.save_dir} "
                   f"({human_bytes(int(ck.get('bytes') or 0))})\n")
     out.write(f"  restored        {sum(counts.values())} files ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
               f"{rp.count} paths re-pointed\n")

@@ -24,6 +24,13 @@ def forecast_for(cfg: Config, last_checkpoint_bytes: int | None) -> disk.Forecas
     )
 
 
+def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> disk.Limits:
+    """The volume's soft and hard limits for a checkpoint of ``checkpoint_bytes`` (the config's
+    overrides win), as the engine's guard derives them."""
+    return disk.limits(total_bytes, checkpoint_bytes, soft_override=cfg.disk.soft_limit,
+                       hard_override=cfg.disk.hard_limit)
+
+
 def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[disk.PreflightProblem]:
     fc = forecast_for(cfg, last_checkpoint_bytes)
     heavy = layout.heavy_paths(cfg)

@@ -24,10 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from anyio.abc import Process
+
+if TYPE_CHECKING:
+    from .roundplan import RoundValues
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 CHILD_TAG = "SHOPRLD_CHILD"
@@ -178,10 +181,16 @@ class Child:
 
 
 class Launcher(Protocol):
-    """The process seam: the engine and the stages only ever launch through this."""
+    """The process seam: the engine and the stages only ever launch through this.
+
+    ``round`` is the round the child belongs to, with its template values resolved once by
+    the caller (``roundplan.RoundValues``); None for a child of no round (a Ray head, a test's
+    process). A launcher that needs the round (Ray: the job's id and runtime env) reads it
+    there, never from the log file's name, and never resolves the values again.
+    """
 
     async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
-                    log: Path, redacted_argv: Sequence[str]) -> Child: ...
+                    log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child: ...
 
     def adopt(self, record: ChildRecord) -> Child | None: ...
 
@@ -190,7 +199,7 @@ class LocalLauncher:
     """Children as local processes in their own sessions, logging to a file."""
 
     async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
-                    log: Path, redacted_argv: Sequence[str]) -> Child:
+                    log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -212,6 +221,33 @@ class LocalLauncher:
         if pid_alive(record.pid, record.start_ticks):
             return Child(record, None)
         return None
+
+
+class Clock(Protocol):
+    """The clock seam: wall time (records) and monotonic time (deadlines)."""
+
+    def time(self) -> float: ...
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class ChildHost(Protocol):
+    """What a service (or the GPU check) uses of the daemon, besides the round's plan: the
+    clock, the event sink, and the campaign's registry of children. Explicit, so that no
+    service needs the stage context (``states/base.RoundContext`` provides it)."""
+
+    @property
+    def clock(self) -> Clock: ...
+    def emit(self, event: str, /, **fields: Any) -> None: ...
+    def find_child(self, role: str, /) -> Child | None: ...
+    def unregister_child(self, child: Child, /) -> None: ...
 
 
 def port_in_use(host: str, port: int) -> bool:

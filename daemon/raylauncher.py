@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import signal
 import time
@@ -59,10 +58,14 @@ from typing import Any
 import anyio
 import httpx
 
+from .condaenv import activation_argv
 from .config import Config, expand
 from .errors import ConfigError
 from .layout import Layout
 from .processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
+from .roundplan import RoundValues
+from .secrets import KNOWN_SECRET_KEYS
+from .store import atomic_write_json
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -71,7 +74,6 @@ RAY_ROLES = ("trainer",)
 # Ray's, not a local stray), and CUDA_VISIBLE_DEVICES, which Ray assigns per GPU actor from
 # the head's own view (restrict the GPUs on the head: the head command's environment).
 _NOT_FOR_JOBS = ("SHOPRLD_CHILD", "CUDA_VISIBLE_DEVICES")
-_ROUND_LOG = re.compile(r"^r(\d+)-")
 _HEAD_RECORD = "shoprld-head.json"
 # Ray puts sockets at <RAY_TMPDIR>/ray/session_<date>_<pid>/sockets/plasma_store, and
 # AF_UNIX paths stop at 107 bytes; that suffix takes about 66.
@@ -379,8 +381,6 @@ def entrypoint_of(argv: Sequence[str], cwd: Path | None) -> str:
 
 def secret_names(cfg: Config) -> set[str]:
     """Every env name that holds a secret for the trainer job."""
-    from .secrets import KNOWN_SECRET_KEYS
-
     return set(KNOWN_SECRET_KEYS) | set(cfg.train.secrets) | set(cfg.secrets.required)
 
 
@@ -397,17 +397,6 @@ def job_env(cfg: Config, layout: Layout, env: Mapping[str, str], values: Mapping
     out = {k: env[k] for k in sorted(keys) if k in env and k not in _NOT_FOR_JOBS}
     out.update({k: v.format_map(dict(values)) for k, v in cfg.train.runtime_env.items()})
     return out
-
-
-def round_of_log(log: Path, env: Mapping[str, str]) -> int:
-    """The round a trainer start belongs to: ``SHOPRLD_ROUND`` if set, else the stage log's
-    name (``Layout.stage_log``: ``r<round>-train.log``)."""
-    if env.get("SHOPRLD_ROUND", "").isdigit():
-        return int(env["SHOPRLD_ROUND"])
-    m = _ROUND_LOG.match(log.name)
-    if not m:
-        raise RayJobsError(f"cannot tell the round of {log}; the trainer's log must be a stage log (r<NNN>-train.log)")
-    return int(m.group(1))
 
 
 def ray_tmpdir_path(layout: Layout) -> Path:
@@ -500,14 +489,16 @@ class RayLauncher:
 
     # -- Launcher protocol ----------------------------------------------------------------------
     async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
-                    log: Path, redacted_argv: Sequence[str]) -> Child:
+                    log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child:
+        """A Ray role becomes this round's job (``round``: the round and its values, resolved
+        once by the caller); every other role goes to ``inner``."""
         if role not in self.roles:
-            return await self.inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv)
-        from .commands import round_values
-
-        round_index = round_of_log(log, env)
-        values = round_values(self.cfg, self.layout, round_index)
-        round_id = values["round_id"]
+            return await self.inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv,
+                                          round=round)
+        if round is None:
+            raise ValueError(f"RayLauncher.start({role!r}) needs the round (round=RoundValues): a job is named "
+                             "after its round and its runtime env is expanded with the round's values")
+        values, round_id = round.values, round.round_id
         entrypoint = entrypoint_of(argv, cwd)
         env_vars = job_env(self.cfg, self.layout, env, values)
         for name in sorted(secret_names(self.cfg)):
@@ -583,8 +574,6 @@ class RayLauncher:
 
     def _note_job(self, round_id: str, sid: str) -> None:
         """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""
-        from .store import atomic_write_json
-
         path = self.layout.artifacts / "round" / f"{round_id}.json"
         try:
             data = json.loads(path.read_text()) if path.exists() else {}
@@ -598,7 +587,7 @@ class RayLauncher:
         atomic_write_json(path, data)
 
     # -- the head -------------------------------------------------------------------------------
-    async def ensure_head(self, values: Mapping[str, str] | None = None) -> None:
+    async def ensure_head(self, values: Mapping[str, str]) -> None:
         """Make sure a head answers at ``train.ray_address``; start ``train.ray_head_command``
         (in its own session, RAY_TMPDIR in the experiment dir) when none does."""
         if await self.client.reachable():
@@ -606,14 +595,8 @@ class RayLauncher:
         if not self.cfg.train.ray_head_command:
             raise ConfigError(f"{self.cfg.source}: train.ray_head_command: empty, and no Ray head answers at "
                               f"{self.cfg.train.ray_address}; fix: give the `ray start --head --block ...` argv")
-        if values is None:
-            from .commands import round_values
-
-            values = round_values(self.cfg, self.layout, 0)
         argv = expand(list(self.cfg.train.ray_head_command), dict(values))
         if self.cfg.train.conda_prefix is not None:
-            from .condaenv import activation_argv
-
             argv = activation_argv(self.cfg.train.conda_prefix, argv)
         env = self.layout.child_env(self.cfg)
         env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
@@ -623,8 +606,6 @@ class RayLauncher:
         self.head = head
         rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,
                "address": self.cfg.train.ray_address, "started_at": time.time()}
-        from .store import atomic_write_json
-
         atomic_write_json(self.layout.ray_tmp / _HEAD_RECORD, rec)
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
@@ -682,5 +663,5 @@ def build_launcher(cfg: Config, layout: Layout) -> Launcher:
 
 __all__ = [
     "LIVE", "TERMINAL", "JobExists", "NoAgent", "RayJobChild", "RayJobsClient", "RayJobsError", "RayLauncher",
-    "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "ray_tmpdir_path", "round_of_log", "session_pids", "stop_session",
+    "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "ray_tmpdir_path", "session_pids", "stop_session",
 ]

@@ -48,6 +48,7 @@ from typing import Any
 from .config import Config, load_config
 from .errors import EXIT_OK, EXIT_STAGE, LockError
 from .layout import Layout
+from .roundplan import demo_dir
 
 TIME_LIMIT_S = 600.0
 ROLLOUTS = 2
@@ -179,8 +180,6 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool) -> C
 
 def _prepare_models(sc: Scratch) -> None:
     """The stand-in trainer's converted base model and the HF origin (config.json), in scratch."""
-    from .engine import demo_dir
-
     models = sc.root / "models"
     (models / "hf-origin").mkdir(parents=True, exist_ok=True)
     (models / "hf-origin" / "config.json").write_text(json.dumps(
@@ -467,7 +466,7 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
     """``shoprld rehearse``: the verdicts on stdout; 0 all ok, 6 any stage not ok."""
     import anyio
 
-    from .engine import Engine, demo_dir
+    from .engine import Engine
     from .logs import configure, set_secrets
     from .secrets import load_secrets
     from .validate import validate

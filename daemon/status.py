@@ -510,6 +510,9 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
                       (", disk ", ""), yes_no(plan.get("fits_disk"))]
         kv("plan", *parts)
 
+    saves = _dict(st.get("saves"))  # issue 17: the last launch's save interval (daemon/saves.py)
+    if saves.get("summary"):
+        kv("saves", (str(saves["summary"]), "" if saves.get("mid_round") or saves.get("mode") == "fixed" else "yellow"))
     err = st.get("last_error")
     kv("last error", (str(err), "red") if err else ("none", "dim"))
     lf = _dict(st.get("last_failure"))

@@ -87,12 +87,12 @@ def _rounds(cfg: Config) -> list[int]:
 
 
 def _expansion(cfg: Config, layout: Layout) -> Iterator[Problem]:
-    from .commands import round_context
+    from .roundplan import resolve
 
     src = cfg.source
     for r in _rounds(cfg):
         try:
-            values = round_context(cfg, layout, r, planned=True).values()
+            values = dict(resolve(cfg, layout, r, planned=True).values)
         except (KeyError, ValueError, IndexError, AttributeError, TypeError) as exc:
             yield Problem(src, "vars", f"the placeholders cannot be computed for round {r}", repr(exc),
                           "check [vars] and train.end_offset (`shoprld check --placeholders`)", template=True)
@@ -154,10 +154,10 @@ def _is_executable(path: Path) -> bool:
 
 
 def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
-    from .commands import round_values
+    from .roundplan import resolve
 
     src = cfg.source
-    values = round_values(cfg, layout, 0, planned=True)
+    values = dict(resolve(cfg, layout, 0, planned=True).values)
     base_path = layout.child_env(cfg).get("PATH", os.defpath)
     for key, template, spec, required in _planned_commands(cfg):
         if not template:

@@ -48,7 +48,7 @@ async def run(ctx: RoundContext) -> Outcome:
     spec = ctx.cfg.export
     not_before = _commit_time(ctx)
     if not_before is None:
-        return Outcome.fail(f"{ctx.layout.save_dir}: iter_{ctx.end_iteration:07d} is not complete; TRAIN must rerun")
+        return Outcome.fail(f"{ctx.layout.save_dir}: {ctx.plan.checkpoint_name} is not complete; TRAIN must rerun")
     check = hfexport.verify(ctx.hf_dir, not_before=not_before) if spec.mode == "save_hf" else None
     if check is None or not check.ok:
         if check is not None:
@@ -56,7 +56,7 @@ async def run(ctx: RoundContext) -> Outcome:
         if not spec.command:
             return Outcome.retry(f"HF export invalid: {check.detail if check else 'no converter'}; "
                                  "fix: configure export.command (slime's converter) or rerun TRAIN's save")
-        tmp = Path(ctx.values()["hf_tmp_dir"])
+        tmp = ctx.plan.hf_tmp_dir
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.parent.mkdir(parents=True, exist_ok=True)

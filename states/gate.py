@@ -42,12 +42,12 @@ def completed(ctx: RoundContext) -> bool:
 
 async def run(ctx: RoundContext) -> Outcome:
     cfg = ctx.cfg.gate
-    analysis_dir = ctx.runs / f"{ctx.round_id}-online-analysis"
-    gate_dir = ctx.runs / f"{ctx.round_id}-online-gate"
+    analysis_dir = ctx.plan.analysis_dir
+    gate_dir = ctx.plan.gate_dir
     if cfg.analyze_command:
         await ctx.await_child("analyze", cfg.timeout)  # started by VAL (overlap), or left running
         if not (analysis_dir / "analysis_summary.json").is_file():
-            problem = await ctx.shopsim.recover_leaks(ctx, reason="before analyze")
+            problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before analyze")
             if problem:
                 return Outcome.retry(problem)
             await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
@@ -87,13 +87,13 @@ async def run(ctx: RoundContext) -> Outcome:
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
     else:
-        problem = await ctx.val_server.ensure_ready(ctx)
+        problem = await ctx.val_server.ensure_ready(ctx.plan, ctx)
         if problem:
             return Outcome.retry(problem)
         ctx.archive(gate_dir, "left by an interrupted attempt")  # start fresh (frozen weights)
         # A killed val or analyze leaves its leases behind; and never start against a dead ShopSim.
-        problem = await ctx.shopsim.recover_leaks(ctx, reason="before the gate") \
-            or await ctx.shopsim.wait_ready(ctx, before="before the gate")
+        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the gate") \
+            or await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the gate")
         if problem:
             return Outcome.retry(problem)
         server, restarts = ctx.val_server.child, ctx.shopsim.restarts
@@ -145,7 +145,7 @@ async def run(ctx: RoundContext) -> Outcome:
     ctx.record_path("gate").parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(ctx.record_path("gate"), rec)
     ctx.emit("gate.decision", decision=decision, policy=cfg.policy)
-    await ctx.val_server.after_gate(ctx)
+    await ctx.val_server.after_gate(ctx.plan, ctx)
     if decision == "incomplete" and cfg.policy == "stop":
         return Outcome("gate_stop", f"gate incomplete for {ctx.round_id}; gate.policy = stop "
                        "(run again to continue with the current SkillBank)")

@@ -41,7 +41,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if gate is None:
         return Outcome.fail(f"{ctx.record_path('gate')}: missing; GATE must run first")
     current = ctx.inputs()
-    (ctx.runs / ctx.next_round_id).mkdir(parents=True, exist_ok=True)
+    ctx.plan.next_runs_dir.mkdir(parents=True, exist_ok=True)
     values = ctx.values()
     skillbank = Path(values["next_skillbank"])
     selected = gate.get("selected_skillbank")

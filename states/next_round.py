@@ -32,14 +32,14 @@ def completed(ctx: RoundContext) -> bool:
 
 async def run(ctx: RoundContext) -> Outcome:
     lay = ctx.layout
-    summary = read_json(ctx.runs / f"{ctx.round_id}-bare-val" / "summary.json") or {}
+    summary = read_json(ctx.plan.bare_val_dir / "summary.json") or {}
     primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
     gate = ctx.read_record("gate") or {}
     inject = ctx.read_record("inject") or {}
     started = ctx.read_record("round") or {}
     elapsed = (ctx.clock.time() - float(started["started_at"])) / 60 if started.get("started_at") else ""
     git = git_info(lay.repo)
-    checkpoint = lay.save_dir / f"iter_{ctx.end_iteration:07d}"
+    checkpoint = ctx.plan.checkpoint_dir
     row = make_row(
         index=ctx.round, branch=git["branch"], parent_commit=git["parent_commit"], commit=git["commit"],
         recipe=str(ctx.cfg.source), metric_name="success_rate",

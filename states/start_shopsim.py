@@ -21,7 +21,7 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    problem = await ctx.shopsim.ensure_ready(ctx)
+    problem = await ctx.shopsim.ensure_ready(ctx.plan, ctx)
     if problem:
         return Outcome.retry(problem)
     return Outcome.done("shopsim ready")

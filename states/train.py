@@ -11,22 +11,30 @@ trainer is restarted from its last checkpoint. A trainer left running by a crash
 daemon is adopted, never duplicated. Done is judged from the disk, never the exit code,
 and only once ShopSim is seen alive after the last save: what was saved while it was dead is
 retrained (``ShopsimService.settle_outage``; also settled before a trainer starts).
+
+Every launch that loads the campaign's save dir is checked: its first progress line must show
+rollout tracker + 1, slime's resume rule (``start_rollout_id = loaded_rollout_id + 1``). A
+trainer that loaded the weights but restarted its rollout count (slime#1558) is stopped at once
+and the stage fails with one line, rather than train a round on the wrong data. A launch from the
+converted base model is not checked: its numbering is the converter's, not a resume.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
 from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon import gpus
+from shoprld.daemon import gpus, saves
 from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
+from shoprld.daemon.services import CLIENT_ROLES
 
 from .base import Outcome, RoundContext
 
@@ -68,23 +76,16 @@ async def run(ctx: RoundContext) -> Outcome:
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
     if trainer is None:
-        await ctx.shopsim.settle_outage(ctx)  # retrain what ShopSim did not witness alive
+        await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
-        # Before the sidecar starts: it is a ShopSim client, and while one runs, held leases
-        # look legitimate. An earlier attempt's sidecar may still run: stop it (a fresh one
-        # starts below and analyses what is pending), so leaks are judged and recovered now.
-        stale = ctx.find_child("sidecar")
-        if stale is not None:
-            ctx.emit("sidecar.stopped_for_recovery", pid=stale.pid)
-            await stale.stop(cfg.sidecar.grace)
-            ctx.unregister_child(stale)
-        problem = await ctx.shopsim.recover_leaks(ctx, reason="before the trainer starts")
+        await _stop_stale_clients(ctx)
+        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
     if trainer is None:
         # Never (re)launch against a dead or restarting ShopSim (e.g. the supervisor is still
         # restarting the one that died in this TRAIN): its rollouts would go unscored.
-        problem = await ctx.shopsim.wait_ready(ctx, before="before the trainer starts")
+        problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the trainer starts")
         if problem:
             return Outcome.retry(problem)
         # Settle again now that ShopSim is back: the supervisor (one look a second) may have
@@ -92,17 +93,23 @@ async def run(ctx: RoundContext) -> Outcome:
         # at once, and TRAIN's retry is quicker than that look). Left marked, the outage would
         # freeze the witness, and every checkpoint this trainer saves against the live, restarted
         # ShopSim would be rolled back and retrained at the end of TRAIN (a whole round).
-        if await ctx.shopsim.settle_outage(ctx):
+        if await ctx.shopsim.settle_outage(ctx.plan, ctx):
             _repair_tracker(ctx)
-        problem = await gpus.ensure_free(ctx, "trainer")  # no straggler of an earlier stage on the GPUs
+        problem = await gpus.ensure_free(ctx.plan, ctx, "trainer")  # no straggler of an earlier stage on the GPUs
         if problem:
             return Outcome.retry(problem)
     sidecar = await _start_sidecar(ctx)
+    resume: ResumePoint | None = None
     if trainer is None:
+        resume = resume_point(ctx)  # read before the launch: the trainer may save soon after
+        # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
+        saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
+                                emit=ctx.emit)
         trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
-        stalled = await _follow(ctx, trainer)
+        followed = await _follow(ctx, trainer, resume)
+        stalled = followed.stalled
         if stalled and trainer.alive() and not trainer.record.job_id:
             # Where it hangs, for the crash bundle: only while it still hangs (issue 18).
             dest = bundles.free_attempt_dir(ctx.layout.logs, ctx.round_id, STATE.value, ctx.attempt)
@@ -112,27 +119,55 @@ async def run(ctx: RoundContext) -> Outcome:
         if trainer.alive():
             await trainer.stop(cfg.train.grace)
         ctx.unregister_child(trainer)
+    if followed.wrong_resume:
+        assert resume is not None  # only a checked launch has a wrong resume
+        # A save it made before the stop (a short save interval) moved the tracker onto its
+        # wrongly numbered iteration: the next run must resume from what this launch loaded.
+        tracker = ckpt.scan(ctx.layout.save_dir).tracker
+        if tracker.iteration != resume.iteration:
+            _point_tracker(ctx, was=tracker.iteration, now=resume.iteration)
+        return Outcome.fail(followed.wrong_resume)
     after = ckpt.scan(ctx.layout.save_dir).latest_complete
     progressed = after is not None and (before is None or after.iteration > before.iteration)
     if stalled:
         return Outcome.retry(stalled, progressed=progressed, stall=True)
     # ShopSim must have been alive for the last steps too: check it once more before any
     # later stage uses the checkpoint (the supervisor looks only once a second).
-    ctx.shopsim.vouch(ctx)
-    if await ctx.shopsim.settle_outage(ctx):
+    ctx.shopsim.vouch(ctx.layout.save_dir)
+    if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
     if completed(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)
-        return Outcome.done(f"iter_{ctx.end_iteration:07d} complete", progressed=True)
+        return Outcome.done(f"{ctx.plan.checkpoint_name} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
     if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
         return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})",
                        {"progressed": progressed, "returncode": trainer.returncode})
     return Outcome.retry(
-        f"trainer exited (status {trainer.returncode}) before iter_{ctx.end_iteration:07d} was complete; "
+        f"trainer exited (status {trainer.returncode}) before {ctx.plan.checkpoint_name} was complete; "
         f"see {ctx.log_path(STATE)}", progressed=progressed, returncode=trainer.returncode)
+
+
+async def _stop_stale_clients(ctx: RoundContext) -> None:
+    """Stop every ShopSim client of this campaign still registered before a trainer (re)starts.
+
+    While one runs, ``recover_leaks`` takes held leases for legitimate and skips its check; the
+    check must run before every (re)launch, whatever is registered (issue 17), or the relaunched
+    trainer blocks in ``reset`` until stall timeouts fail the stage. No client is TRAIN's at this
+    point: the trainer is not running, the earlier attempt's sidecar is replaced by a fresh one
+    below (it analyses what is pending), and another stage's client here is an orphan."""
+    cfg = ctx.cfg
+    graces = {"sidecar": cfg.sidecar.grace, "val": cfg.val.grace, "gate": cfg.gate.grace,
+              "analyze": cfg.gate.grace}
+    for role in CLIENT_ROLES:
+        stale = ctx.find_child(role)
+        if stale is None:
+            continue
+        ctx.emit("shopsim.client_stopped_for_recovery", role=role, pid=stale.pid)
+        await stale.stop(graces.get(role, cfg.train.grace))
+        ctx.unregister_child(stale)
 
 
 async def _start_sidecar(ctx: RoundContext) -> Child | None:
@@ -142,7 +177,7 @@ async def _start_sidecar(ctx: RoundContext) -> Child | None:
     child = ctx.find_child("sidecar")
     if child is not None:
         return child
-    Path(ctx.values()["stop_file"]).unlink(missing_ok=True)
+    ctx.plan.stop_file.unlink(missing_ok=True)
     return await ctx.start("sidecar", spec.command, spec, state=STATE)
 
 
@@ -154,7 +189,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     so the round's failure cards are complete whatever happened to the first one."""
     if child is None:
         return
-    stop_file = Path(ctx.values()["stop_file"])
+    stop_file = ctx.plan.stop_file
     stop_file.parent.mkdir(parents=True, exist_ok=True)
     stop_file.touch()
     if not child.alive():
@@ -171,7 +206,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
     if forced:  # each analysis it was running held a ShopSim lease that nobody will release
-        problem = await ctx.shopsim.recover_leaks(ctx, reason="after the sidecar was stopped")
+        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="after the sidecar was stopped")
         if problem:
             ctx.emit("shopsim.recovery_deferred", problem=problem, note="retried before the bare val")
 
@@ -192,6 +227,12 @@ def _repair_tracker(ctx: RoundContext) -> None:
     _prune_partials(ctx)
 
 
+def _point_tracker(ctx: RoundContext, *, was: int | None, now: int) -> None:
+    """Point Megatron's tracker at iteration ``now`` (atomically; only while no trainer runs)."""
+    ckpt.point_tracker(ctx.layout.save_dir, now)
+    ctx.emit("checkpoint.tracker_repaired", was=was, now=now)
+
+
 def _prune_partials(ctx: RoundContext) -> None:
     """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
     scan = ckpt.scan(ctx.layout.save_dir)
@@ -199,8 +240,60 @@ def _prune_partials(ctx: RoundContext) -> None:
                 trainer_running=False)
 
 
-async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
-    """Follow the trainer's progress lines until it exits; return a stall message, or None."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a launch that loads the campaign's save dir must resume (slime's rule)."""
+
+    checkpoint: Path  # the iter dir the tracker names: what ``--load`` restores
+    iteration: int    # its iteration (the tracker's)
+    rerun: int        # rollouts this round's log showed past that checkpoint: trained again
+
+    @property
+    def expected(self) -> int:
+        """The launch's first rollout id: slime's ``start_rollout_id = loaded_rollout_id + 1``."""
+        return self.iteration + 1
+
+
+@dataclass(frozen=True)
+class Followed:
+    """How following one trainer launch ended (both None: it exited by itself)."""
+
+    stalled: str | None = None       # the stall message: restarted by policy
+    wrong_resume: str | None = None  # the resume check's one-line failure: stopped, the stage fails
+
+
+def resume_point(ctx: RoundContext) -> ResumePoint | None:
+    """The resume the next launch must show, or None when it does not load the save dir.
+
+    ``values()`` passes the save dir as ``--load`` once it holds a committed checkpoint, and
+    ``_repair_tracker`` has pointed the tracker at a complete one, so Megatron loads the tracker's
+    iteration and slime starts at that + 1. Without one, ``--load`` is the converted base model."""
+    scan = ckpt.scan(ctx.layout.save_dir)
+    loaded = scan.latest_complete
+    if not scan.consistent or loaded is None:
+        return None
+    seen = _read_progress(ctx.log_path(STATE), 0, re.compile(ctx.cfg.train.progress_pattern))[1]
+    return ResumePoint(checkpoint=loaded.path, iteration=loaded.iteration,
+                       rerun=max(0, max(seen, default=loaded.iteration) - loaded.iteration))
+
+
+def _check_resume(ctx: RoundContext, resume: ResumePoint, first: int) -> str | None:
+    """Journal the resume check of one launch; the failure line when ``first`` is not the
+    rollout slime must resume at (slime#1558: the weights restored, the rollout count at 0)."""
+    ok = first == resume.expected
+    ctx.emit("train.resume_check", ok=ok, expected=resume.expected, seen=first,
+             checkpoint=str(resume.checkpoint), rerun=resume.rerun)
+    if ok:
+        return None
+    return (f"wrong resume: the trainer loaded {resume.checkpoint} but its first rollout was {first}, "
+            f"not {resume.expected} (tracker + 1; slime#1558); stopped at that rollout, before it trains "
+            f"a round on the wrong data; fix the trainer's resume (--load, --start-rollout-id), then run "
+            f"shoprld again")
+
+
+async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None = None) -> Followed:
+    """Follow the trainer's progress lines until it exits, stalls, or shows a wrong resume
+    (checked on its first line when ``resume`` is given)."""
     cfg = ctx.cfg.train
     pattern = re.compile(cfg.progress_pattern)
     log = ctx.log_path(STATE)
@@ -223,6 +316,11 @@ async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
             offset, ids = _read_progress(log, offset, pattern)
             now = ctx.clock.monotonic()
             for rid in ids:
+                if resume is not None and last_id is None:
+                    wrong = _check_resume(ctx, resume, rid)
+                    if wrong:
+                        tg.cancel_scope.cancel()
+                        return Followed(wrong_resume=wrong)
                 if last_id is not None and rid > last_id:
                     step_times.append((now - last_step_at) / max(1, rid - last_id))
                 if last_id is None or rid > last_id:
@@ -240,9 +338,10 @@ async def _follow(ctx: RoundContext, trainer: Child) -> str | None:
                          policy=cfg.stall_policy)
                 if cfg.stall_policy == "restart":
                     tg.cancel_scope.cancel()
-                    return f"trainer stalled: no step for {idle:.1f}s (limit {limit:.1f}s); restarting from the last checkpoint"
+                    return Followed(stalled=f"trainer stalled: no step for {idle:.1f}s (limit {limit:.1f}s); "
+                                            f"restarting from the last checkpoint")
                 last_step_at = now  # alert only: raise it once per limit
-    return None
+    return Followed()
 
 
 def _offset_of_last_start(log: Path) -> int:

@@ -32,7 +32,7 @@ ADOPTS: tuple[str, ...] = ("val_server", "analyze", "val")
 
 
 def _run_dir(ctx: RoundContext) -> Path:
-    return ctx.runs / f"{ctx.round_id}-bare-val"
+    return ctx.plan.bare_val_dir
 
 
 def _judge(ctx: RoundContext) -> tuple[BareSummary | None, str | None]:
@@ -76,14 +76,14 @@ async def run(ctx: RoundContext) -> Outcome:
         summary, problem = _judge(ctx)
         if summary is not None and problem is None:
             return _done(ctx, summary)
-    problem = await ctx.val_server.ensure_ready(ctx)
+    problem = await ctx.val_server.ensure_ready(ctx.plan, ctx)
     if problem:
         return Outcome.retry(problem)
     # A run dir left by an interrupted attempt is archived, not resumed: the summary then
     # equals an uninterrupted run's (its attempt counts would differ), and the weights are
     # the same, so only the time of the partial run is lost.
     ctx.archive(_run_dir(ctx), "left by an interrupted attempt")
-    problem = await ctx.shopsim.recover_leaks(ctx, reason="before the bare val")
+    problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the bare val")
     if problem:
         return Outcome.retry(problem)
     gate = ctx.cfg.gate
@@ -91,7 +91,7 @@ async def run(ctx: RoundContext) -> Outcome:
             and ctx.find_child("analyze") is None:
         await ctx.start("analyze", gate.analyze_command, gate, state="ANALYZE",
                         secrets=gate.analyze_secrets or gate.secrets)
-    problem = await ctx.shopsim.wait_ready(ctx, before="before the bare val")
+    problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the bare val")
     if problem:
         return Outcome.retry(problem)
     rc = await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
@@ -113,5 +113,5 @@ def _done(ctx: RoundContext, summary: BareSummary) -> Outcome:
 
 
 def _analysis_done(ctx: RoundContext) -> bool:
-    return (ctx.runs / f"{ctx.round_id}-online-analysis" / "analysis_summary.json").is_file()
+    return (ctx.plan.analysis_dir / "analysis_summary.json").is_file()
 

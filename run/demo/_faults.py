@@ -7,6 +7,20 @@ Each knob is inactive unless its env var is set; COMMAND is a subcommand name as
 - DEMO_FAULT_DROP_KEY=COMMAND:KEY        its printed payload lacks KEY;
 - DEMO_FAULT_FILE_DROP=FILENAME:A.B      every FILENAME this process wrote under runs/ lacks A.B;
 - DEMO_FAULT_EXIT=COMMAND:CODE           it exits CODE instead of its own exit code.
+
+The trainer stand-in (`slime_train.py`) reads its own fault knobs, listed here for the benches
+(tests/bench/bench_timeline.py) and the tests that replay faults. Each is inert unless set; with
+DEMO_FAULT_ONCE_DIR=DIR each fires once, while DIR/<marker> is absent, and creates the marker:
+
+- DEMO_CRASH_AT=K              exit 1 at the start of rollout K (marker `crash_at`);
+- DEMO_STALL_AT=K              alive forever at rollout K, no progress (`stall_at`);
+- DEMO_DIE_MID_SAVE_AT=N       exit 1 inside the save of iteration N: a partial iter dir (`die_mid_save`);
+- DEMO_HANG_ON_START=1         alive forever before the first rollout (`hang_on_start`);
+- DEMO_LEAK_LEASES=1           lease ShopSim slots and never release them: at DEMO_CRASH_AT, or
+                               after the last rollout with exit 0 (`crash_at`, `leak_leases`);
+- DEMO_FAULT_RESUME_AT_ZERO=1  slime#1558: after `--load` of a numbered checkpoint (not the
+                               converted base's `release`), the weights load but the rollout count
+                               restarts at 0 instead of tracker + 1 (`resume_at_zero`).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
-DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_ONCE_DIR, DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS,
-DEMO_HF_BYTES, DEMO_STEP_SECONDS, DEMO_TRIAGE_FRACTION).
+DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
+DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_STEP_SECONDS,
+DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Faults:
         self.die_mid_save_at = c.env_int("DEMO_DIE_MID_SAVE_AT", None)
         self.hang_on_start = c.env_flag("DEMO_HANG_ON_START")
         self.leak_leases = c.env_flag("DEMO_LEAK_LEASES")
+        self.resume_at_zero = c.env_flag("DEMO_FAULT_RESUME_AT_ZERO")
         self.once_dir = os.environ.get("DEMO_FAULT_ONCE_DIR") or None
 
     def fire(self, name: str) -> bool:
@@ -163,6 +165,9 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     c.write_fsync(d / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
     c.fsync_dir(d)
     c.fsync_dir(save)
+    # DEMO_SAVE_SECONDS: the wall time a real save takes beyond these small writes (a 53 GB
+    # checkpoint takes minutes); benchmarks set it so that a save costs what it costs.
+    time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0)
     # Megatron writes the tracker last, with a plain (non-atomic) write.
     with open(save / c.TRACKER, "w") as f:
         f.write(str(iteration))
@@ -214,6 +219,16 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
              "sample_offset": (iteration + 1) * 16}
     (save / "rollout").mkdir(exist_ok=True)
     c.write_fsync(save / "rollout" / f"global_dataset_state_dict_{iteration}.pt", c.canonical_json(state).encode())
+
+
+def timed_save(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+    """slime's `@timer` around `save_model` (slime/observability/timer.py): `Timer save_model
+    start`, the save (checkpoint, --save-hf, data state), `Timer save_model end (elapsed: X.Xs)`.
+    DEMO_SAVE_SECONDS (in write_checkpoint, before the tracker) is part of the time logged."""
+    slime_log("Timer save_model start", "timer.py:0")
+    t0 = time.monotonic()
+    save_all(args, iteration, faults)
+    slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.1f}s)", "timer.py:0")
 
 
 # ---------------------------------------------------------------- rollouts
@@ -384,6 +399,12 @@ def main() -> int:
     loaded = read_tracker(args.load) if args.load else None
     tracker = None if loaded is None else loaded[0]
     start = 0 if tracker is None else tracker + 1
+    # slime#1558: --load restored the weights, but the rollout count restarted at 0. Only a
+    # numbered checkpoint (a resume), not the converted base (`release`).
+    if faults.resume_at_zero and loaded is not None and loaded[1].name != "release" \
+            and faults.fire("resume_at_zero"):
+        log(f"[demo fault] loaded iteration {tracker}, but rollouts restart at 0 (slime#1558)")
+        start = 0
     end = args.num_rollout
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
     cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
@@ -408,8 +429,10 @@ def main() -> int:
         slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
+        # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
+        # `save_interval` rollouts, and always at the last one (daemon/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
-            save_all(args, rollout_id, faults)
+            timed_save(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
                 and faults.fire("leak_leases")):
             rollouts.run(rollout_id, leak=True)

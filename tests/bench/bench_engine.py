@@ -33,6 +33,14 @@ What it runs and measures (every daemon is a real ``shoprld run`` process):
    (disk 1 s, rescan 30 s, poll 1 s).
 5. status latency: ``shoprld status --json`` and the plain human view, 20 runs each, as
    subprocesses against the live daemon of (4).
+6. the hand-off's profile (issue 17, item 5): a fault-free campaign with the daemon under
+   cProfile; calls and cumulative ms of each function between a stage's outcome and the next
+   spawn (``HANDOFF_PATH``), per hand-off. ``fsyncs_per_handoff`` also counts the renames the
+   event loop's thread makes (a rename over an existing file can block like an fsync on ext4),
+   and ``bars`` gives the transition overhead as a ratio against the fsync floor.
+
+``--only a,b`` runs only the named sections; ``--rounds N`` sets the campaign length of the
+transition and profile sections.
 
 Caveat: 2 shared cores with other work running; fsync cost on this disk dominates the
 transition figures. Disk reaction and inotify detection have their own benches
@@ -192,12 +200,16 @@ def bench_fsyncs(root: Path, rounds: int = 2) -> dict[str, Any]:
     campaign = make_tree(root, rounds=rounds)
     trace = root / "strace.txt"
     with open(root / "daemon.log", "wb") as out:
-        proc = subprocess.run([strace, "-ttt", "-e", "trace=fsync,fdatasync", "-o", str(trace),
+        proc = subprocess.run([strace, "-ttt", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-o", str(trace),
                                *SHOPRLD, "run", "-c", str(campaign)], env=daemon_env(), stdout=out,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600)
-    stamps = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) f(?:data)?sync\(", trace.read_text(), re.M)]
+    text = trace.read_text()
+    stamps = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) f(?:data)?sync\(", text, re.M)]
+    # A rename over an existing file can block like an fsync on ext4 (auto_da_alloc): count them too.
+    renames = [float(m.group(1)) for m in re.finditer(r"^(\d+\.\d+) rename(?:at2?)?\(", text, re.M)]
     recs = journal(root)
     per: dict[str, list[int]] = {}
+    per_rename: dict[str, list[int]] = {}
     tails: list[int] = []
     for i, r in enumerate(recs):
         if r["event"] != "stage.outcome":
@@ -210,14 +222,74 @@ def bench_fsyncs(root: Path, rounds: int = 2) -> dict[str, Any]:
         if spawn is None:
             continue
         per.setdefault(f"{key[0]}->{key[1]}", []).append(sum(1 for t in stamps if r["t"] - 5e-4 <= t <= spawn["t"] + 5e-4))
+        per_rename.setdefault(f"{key[0]}->{key[1]}", []).append(
+            sum(1 for t in renames if r["t"] - 5e-4 <= t <= spawn["t"] + 5e-4))
         tails.append(sum(1 for t in stamps if recs[i - 1]["t"] < t < r["t"] - 5e-4))
     every = [n for v in per.values() for n in v]
-    return {"exit": proc.returncode, "fsyncs_total": len(stamps),
+    every_rename = [n for v in per_rename.values() for n in v]
+    return {"exit": proc.returncode, "fsyncs_total": len(stamps), "renames_total": len(renames),
             "outcome_to_next_spawn": {"min": min(every, default=None), "max": max(every, default=None),
                                       "by_handoff": {k: sorted(set(v)) for k, v in per.items()}},
+            "renames_outcome_to_next_spawn": {"min": min(every_rename, default=None),
+                                              "max": max(every_rename, default=None),
+                                              "by_handoff": {k: sorted(set(v)) for k, v in per_rename.items()}},
             "stage_tail_before_outcome": {"min": min(tails, default=None), "max": max(tails, default=None)},
             "note": "at SPEC's floor (an atomic write, 2 fsyncs, 0.9 ms p50) ~0.45 ms per fsync: 20 fsyncs "
                     "per hand-off is ~9 ms of the 10 ms bar before any other work"}
+
+
+# Where a hand-off's time goes (issue 17, item 5): the functions on the path from a stage's
+# outcome to the next child's spawn, by module and name, as cProfile names them.
+HANDOFF_PATH = [
+    ("engine.py", "_on_outcome", "outcome -> next stage started (all of the below that runs on the loop)"),
+    ("engine.py", "_transition", "transition: journal line + state.json + status.json + notify"),
+    ("engine.py", "_persist", "persist: state.json + status.json"),
+    ("store.py", "append", "journal append (+ fsync when synced)"),
+    ("store.py", "save", "state.json: atomic_write (2 fsyncs + rename)"),
+    ("store.py", "write_status", "status.json: render + write (or hand to the writer thread)"),
+    ("engine.py", "_status_doc", "status doc (plan included)"),
+    ("engine.py", "_plan", "plan (planning.make_plan)"),
+    ("engine.py", "_register", "child registration: persist"),
+    ("engine.py", "_unregister", "child exit: status"),
+    ("processes.py", "start", "spawn: open_process"),
+    ("services.py", "wait_ready", "ShopSim ready probe"),
+    ("services.py", "recover_leaks", "ShopSim lease-leak check"),
+    ("services.py", "ensure_ready", "val server / ShopSim ensure_ready"),
+    ("engine.py", "_round_finished", "NEXT_ROUND: round record + persist"),
+    ("", "fsync", "every fsync (os.fsync)"),
+    ("", "replace", "every rename (os.replace)"),
+]
+
+
+def bench_handoff_profile(root: Path, rounds: int) -> dict[str, Any]:
+    """A fault-free campaign with the daemon under cProfile: per function of the hand-off path,
+    calls and milliseconds (cProfile's own overhead inflates every figure: compare the shares)."""
+    import pstats
+
+    campaign = make_tree(root, rounds=rounds)
+    prof = root / "daemon.prof"
+    with open(root / "daemon.log", "wb") as out:
+        proc = subprocess.run([PYTHON, "-m", "cProfile", "-o", str(prof), *SHOPRLD[1:], "run", "-c", str(campaign)],
+                              env=daemon_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              timeout=600)
+    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
+    recs = journal(root)
+    handoffs = sum(1 for r in recs if r["event"] == "transition" and r.get("trigger") not in ("start", "resume"))
+    rows = []
+    for module, name, what in HANDOFF_PATH:
+        calls, cum = 0, 0.0
+        for (path, _, func), (_, ncalls, _, cumtime, _) in stats.items():
+            # cProfile names a builtin ("~", 0, "<built-in method posix.fsync>")
+            if (func == name and path.endswith("/" + module)) if module else \
+                    (path == "~" and func == f"<built-in method posix.{name}>"):
+                calls, cum = calls + ncalls, cum + cumtime
+        if calls:
+            rows.append({"function": f"{module or 'builtin'}:{name}", "what": what, "calls": calls,
+                         "total_ms": round(cum * 1000, 1), "ms_per_call": round(cum * 1000 / calls, 2),
+                         "ms_per_handoff": round(cum * 1000 / max(1, handoffs), 2)})
+    return {"exit": proc.returncode, "rounds": rounds, "handoffs": handoffs, "path": rows,
+            "note": "cumulative times under cProfile (inflated, and nested: persist includes save and "
+                    "write_status); builtin:fsync and builtin:replace are the kernel's share"}
 
 
 # -- 2. crash recovery (the test kill hook) -----------------------------------------------------------------
@@ -494,13 +566,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", type=Path, help="work in this dir and keep it")
+    ap.add_argument("--only", help="comma-separated sections to run (e.g. floors,transitions,handoff_profile)")
+    ap.add_argument("--rounds", type=int, help="rounds of the transitions campaign (default 4 quick, 10 full)")
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-engine-"))
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"bench": "engine", "mode": "quick" if a.quick else "full", "machine": machine()}
     sections = [
         ("floors", bench_floors),
-        ("transitions", lambda r: bench_transitions(r, 4 if a.quick else 10)),
+        ("transitions", lambda r: bench_transitions(r, a.rounds or (4 if a.quick else 10))),
+        ("handoff_profile", lambda r: bench_handoff_profile(r, a.rounds or (3 if a.quick else 6))),
         ("fsyncs_per_handoff", bench_fsyncs),
         ("crash_recovery", lambda r: bench_recovery(r, 5 if a.quick else 10)),
         ("work_lost", lambda r: bench_work_lost(r, 2 if a.quick else 4)),
@@ -508,6 +583,9 @@ def main() -> int:
     ]
     if not a.quick:
         sections.append(("idle_train_real_intervals", lambda r: bench_idle(r, 40.0, real_intervals=True, status_runs=0)))
+    if a.only:
+        wanted = set(a.only.split(","))
+        sections = [(n, f) for n, f in sections if n in wanted]
     try:
         for name, fn in sections:
             root = work / name
@@ -538,9 +616,18 @@ def _bars(r: dict[str, Any]) -> dict[str, Any]:
     idle = r.get("idle_train", {})
     return {
         "transition_overhead_p95_ms": {"value": g("transitions", "outcome_to_next_spawn_ms", "p95"),
+                                       "p50": g("transitions", "outcome_to_next_spawn_ms", "p50"),
+                                       "fsync_floor_ms": g("floors", "atomic_write_fsync_ms", "p50"),
+                                       "p50_over_floor": _ratio(g("transitions", "outcome_to_next_spawn_ms", "p50"),
+                                                                g("floors", "atomic_write_fsync_ms", "p50")),
+                                       "p95_over_floor": _ratio(g("transitions", "outcome_to_next_spawn_ms", "p95"),
+                                                                g("floors", "atomic_write_fsync_ms", "p50")),
                                        "bar": BARS["transition_p95_ms"], "met": g("transitions", "met"),
                                        "fsyncs_per_handoff": [g("fsyncs_per_handoff", "outcome_to_next_spawn", "min"),
-                                                              g("fsyncs_per_handoff", "outcome_to_next_spawn", "max")]},
+                                                              g("fsyncs_per_handoff", "outcome_to_next_spawn", "max")],
+                                       "loop_renames_per_handoff": [
+                                           g("fsyncs_per_handoff", "renames_outcome_to_next_spawn", "min"),
+                                           g("fsyncs_per_handoff", "renames_outcome_to_next_spawn", "max")]},
         "checkpoint_detection_p95_ms": {"value": g("transitions", "checkpoint_detection_ms", "p95"),
                                         "bar": BARS["detection_p95_ms"],
                                         "met": g("transitions", "checkpoint_detection_ms", "met")},
@@ -560,6 +647,11 @@ def _bars(r: dict[str, Any]) -> dict[str, Any]:
         "status_human_p95_ms": {"value": g("idle_train", "status", "human_piped_ms", "p95"),
                                 "bar": BARS["status_human_ms"], "met": g("idle_train", "status", "human_piped_ms", "met")},
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, the transition overhead in units of one fsync'd atomic_write measured in the same run."""
+    return round(a / b, 2) if a is not None and b else None
 
 
 def _get(d: Any, *keys: str) -> Any:

@@ -41,12 +41,12 @@ import anyio
 import httpx
 import structlog
 
-from shoprld.daemon.commands import round_context
 from shoprld.daemon.config import load_config
 from shoprld.daemon.demo import create_tree
 from shoprld.daemon.layout import Layout
-from shoprld.daemon.processes import LocalLauncher
+from shoprld.daemon.roundplan import RoundPlan
 from shoprld.daemon.services import ValServerService
+from tests.roundctx import standalone_context
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
 sys.path.insert(0, str(DEMO))
@@ -66,21 +66,20 @@ async def run_mode(root: Path, *, reuse: bool, rounds: int, load_s: float) -> li
         ctx = None
         try:
             for r in range(rounds):
-                ctx = round_context(cfg, layout, r, base_env=base_env)
-                ctx.launcher, ctx.http, ctx.val_server = LocalLauncher(), http, service
+                ctx = standalone_context(RoundPlan(cfg, layout, r, base_env=base_env), http=http, val_server=service)
                 # EXPORT_HF: this round's weights land in the one HF dir.
                 _common.write_hf_dir(layout.hf_dir(cfg), f"round-{r}", 64 * 1024, _common.default_hf_config())
                 t0 = time.perf_counter()
-                problem = await service.ensure_ready(ctx)
+                problem = await service.ensure_ready(ctx.plan, ctx)
                 t1 = time.perf_counter()
                 assert problem is None, problem
                 assert service.serving == ctx.weight_version, (service.serving, ctx.weight_version)
-                await service.after_gate(ctx)  # (VAL and GATE would run in between)
+                await service.after_gate(ctx.plan, ctx)  # (VAL and GATE would run in between)
                 t2 = time.perf_counter()
                 out.append({"round": r, "ready_s": t1 - t0, "after_gate_s": t2 - t1, "total_s": t2 - t0})
         finally:
             if ctx is not None:
-                await service.stop(ctx)
+                await service.stop(ctx.plan, ctx)
     return out
 
 

@@ -1,11 +1,26 @@
 """The seed-timeline replay: the bash baseline and shoprld, side by side, on the real run's
 timeline scaled down 1000x, with the faults the real campaign suffered (issue 10, item 6).
 
-    .venv/bin/python tests/bench/bench_timeline.py [--quick] [--check-min 60] [--hang-min 60] [--keep DIR] [--sequential]
+    .venv/bin/python tests/bench/bench_timeline.py [--quick] [--check-min 60 480] [--hang-min 60]
+        [--saves fixed|adaptive] [--keep DIR] [--sequential]
 
 A script, not a test (pytest collects test_*.py only). Prints ONE JSON object on stdout:
-``{"bench": "seed_timeline", "scale": 1000, "bash": {...}, "shoprld": {...}, "faults": [...]}``;
+``{"bench": "seed_timeline", "scale": 1000, "runners": {"shoprld": {...}, "bash-attentive": {...},
+"bash-overnight": {...}}, "projection": {...}, "summary": {"table", "ratios", "goals"}, ...}``;
 progress goes to stderr.
+
+Issue 17, item 6: one invocation runs two human models side by side with shoprld, attentive (looks
+every hour) and overnight (every 8 hours: ``--check-min`` takes one value per bash run). Each
+runner's row gives its wall, its fault-free wall, the cost of each fault (per round segment: the
+segment's extra time against the fault-free run, see ``Progress``), the steps re-run and the
+human interventions; ``summary.ratios`` gives bash / shoprld per human and shoprld's faulted /
+fault-free wall, ``summary.goals`` sets them against the issue's goals. A save costs its real
+time, scaled (``SAVE_S``: 3 min for the 53 GB checkpoint, through the stand-in's
+DEMO_SAVE_SECONDS), so more saves are not free. The ``projection`` column projects the real
+campaign (the seed's measured durations and faults, shoprld's policy -> hours; see
+projection.py for the assumptions). ``--saves adaptive`` turns on shoprld's adaptive save
+interval (``[saves] mode``, issue 17 item 1), the default where this branch's config knows it;
+the save intervals chosen are reported from the journal's ``save.interval`` lines.
 
 The timeline (../shared/SHOPSIMRL.md, "Measured", real -> bench at 1000x): a slime step
 750-920 s -> ~0.85 s (DEMO_STEP_SECONDS plus the rollouts' own HTTP); training's end ->
@@ -24,12 +39,14 @@ The campaign (both runners, same tree recipe, same shim, same fault plan):
   DEMO_LEAK_LEASES; slots = episode concurrency, so no spare slot: the next reset blocks).
 Every fault fires once (the shim gives each round its own DEMO_FAULT_ONCE_DIR).
 
-Both recipes keep the seed's SAVE_INTERVAL=10000 (one save per round), as run/slime-4xa800.toml
-does: a crash loses the round's steps so far in both runners; what differs is who notices,
-how fast, and whether a human is needed.
+bash keeps the seed's SAVE_INTERVAL=10000 (one save per round); so does shoprld with ``--saves
+fixed``, as run/slime-4xa800.toml does: a crash loses the round's steps so far in both runners,
+and what differs is who notices, how fast, and whether a human is needed. With ``--saves
+adaptive``, shoprld saves mid-round at the Young/Daly interval and a crash or stall loses at
+most one interval.
 
 The human who babysits the bash run (a documented policy, deliberately generous): checks the
-terminal every hour (3.6 s here) on a fixed schedule from the start; a run that exited non-zero
+terminal every hour (3.6 s here; the overnight human every 8 hours) on a fixed schedule from the start; a run that exited non-zero
 is relaunched with RESUME_ROUND = the round of the last "===== round-k" header; a run whose
 output has not grown for an hour is stopped like Ctrl-C (SIGINT to the script's process group,
 sparing ShopSim, which the seed starts as a background job that ignores SIGINT; SIGKILL after
@@ -80,6 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     PYTHON,
+    ROLLOUT_RE,
     ROOT,
     SEED_LOOP,
     SHIM,
@@ -94,6 +112,8 @@ from common import (  # noqa: E402
     work_lost,
 )
 
+from projection import Policy, Seed, project  # noqa: E402
+
 from tests.demotree import SHOPRLD, proc_pids, proc_stat, results  # noqa: E402
 
 SCALE = 1000
@@ -107,6 +127,14 @@ STEP_SLEEP = 0.80         # + the rollout's HTTP (~0.05 s) = ~0.85 s, the real 8
 PACE = {"trainer.after": 0.15, "analyze.before": 0.45}
 VAL_LOAD_S = 0.2
 RESTART_SEC = 30 / SCALE  # the unit's RestartSec=30s
+# A save of the real 53 GB checkpoint (optimizer state included) takes minutes: 3 min assumed
+# (~300 MB/s to shared storage; the measured 8-14 min from training's end to the compile holds
+# the final save). Both runners pay it for every save, through the trainer stand-in.
+SAVE_S = 180 / SCALE
+# The simulated humans who babysit bash: real minutes between two looks at the terminal.
+HUMANS = {60.0: "attentive", 480.0: "overnight"}
+GOALS = {"bash_over_shoprld": {"attentive": 1.25, "overnight": 1.6}, "shoprld_faulted_over_fault_free": 1.15,
+         "projection_h": 21.0}
 NO_RESTART = {0, 3, 4, 5}  # success, and RestartPreventExitStatus=3 4 5
 
 
@@ -152,8 +180,19 @@ class Plan:
 
 
 # -- the trees ---------------------------------------------------------------------------------------
-def build_tree(root: Path, steps: int, step_seconds: float) -> dict[str, Any]:
-    """A demo tree whose campaign.toml both runners follow; returns its ports and paths."""
+def saves_modes() -> list[str]:
+    """The save policies this branch's config knows: ``[saves] mode`` (issue 17, item 1), if any."""
+    from shoprld.daemon.config import Config
+
+    field = Config.model_fields.get("saves")
+    return ["fixed", "adaptive"] if field is not None else ["fixed"]
+
+
+def build_tree(root: Path, steps: int, step_seconds: float, saves: str | None = None) -> dict[str, Any]:
+    """A demo tree whose campaign.toml both runners follow; returns its ports and paths.
+
+    ``saves``: write ``[saves] mode = saves`` (only where the config has the table: ``fixed`` on
+    a branch without it is today's behaviour, so nothing is written)."""
     shim = f'"{{python}}", "-S", "{SHIM}", "{{demo_dir}}/'
     edits = {
         r"^steps_per_round = 20$": f"steps_per_round = {steps}",
@@ -167,6 +206,8 @@ def build_tree(root: Path, steps: int, step_seconds: float) -> dict[str, Any]:
         r'"\{python\}", "\{demo_dir\}/': shim.replace("\\", "\\\\"),
     }
     campaign = make_tree(root, rounds=ROUNDS, edits=edits)
+    if saves is not None:  # shoprld's save policy (the bash seed always saves once per round)
+        campaign.write_text(campaign.read_text() + f'\n[saves]\nmode = "{saves}"\n')
     text = campaign.read_text()
     urls = re.findall(r'^url = "http://127\.0\.0\.1:(\d+)"', text, flags=re.M)
     return {"campaign": campaign, "shopsim_port": urls[0], "val_port": urls[1], "steps": steps,
@@ -199,7 +240,7 @@ def daemon_env(extra: dict[str, str]) -> dict[str, str]:
 def campaign_env(root: Path, plan: Plan | None) -> dict[str, str]:
     """The environment both runners get: the paced timeline, with the plan's faults or none."""
     env = {"DEMO_GATE_INCOMPLETE_ROUNDS": "round-001", "BENCH_PACE": json.dumps(PACE),
-           "DEMO_VAL_LOAD_SECONDS": str(VAL_LOAD_S)}
+           "DEMO_VAL_LOAD_SECONDS": str(VAL_LOAD_S), "DEMO_SAVE_SECONDS": str(SAVE_S)}
     if plan is not None:
         env.update({"BENCH_FAULTS": json.dumps(plan.trainer_faults()), "BENCH_FAULT_DIR": str(root / "fault-marks")})
     return env
@@ -253,6 +294,55 @@ class ShopsimKiller(threading.Thread):
                 return
 
 
+class Progress(threading.Thread):
+    """When each rollout id was last logged (seconds since ``t0``), polled from the trainer logs.
+
+    A round's training is over for good when its last rollout, ``(k+1) * steps``, is logged for
+    the last time; those instants cut a run into per-round segments, so that each round's
+    segment in the faulted run minus the same segment in the fault-free run is what that
+    round's fault cost (the segments add up to the whole wall time)."""
+
+    def __init__(self, logs: Callable[[], list[Path]], t0: float, every: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.logs, self.t0, self.every = logs, t0, every
+        self.last_seen: dict[int, float] = {}
+        self._counts: dict[int, int] = {}
+        self.halt = threading.Event()
+
+    def poll(self) -> None:
+        now = time.monotonic() - self.t0
+        counts: dict[int, int] = {}
+        for rid, _ in rollouts_in(self.logs()):
+            counts[rid] = counts.get(rid, 0) + 1
+        for rid, n in counts.items():
+            if n > self._counts.get(rid, 0):
+                self.last_seen[rid] = now
+        self._counts = counts
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            self.poll()
+
+    def finish(self) -> dict[int, float]:
+        self.halt.set()
+        self.join(timeout=5)
+        self.poll()
+        return dict(self.last_seen)
+
+
+def round_segments(last_seen: dict[int, float], steps: int, rounds: int, wall: float) -> list[float | None]:
+    """Per round, the seconds from the previous round's last rollout to this one's (round 0 from
+    the start), then the tail (the last round's post-training and the end): ``rounds + 1`` values."""
+    ends = [last_seen.get((k + 1) * steps) for k in range(rounds)]
+    out: list[float | None] = []
+    prev: float | None = 0.0
+    for end in ends:
+        out.append(round(end - prev, 3) if end is not None and prev is not None else None)
+        prev = end
+    out.append(round(wall - prev, 3) if prev is not None else None)
+    return out
+
+
 def shoprld_status_pid(root: Path, role: str) -> int | None:
     try:
         doc = json.loads((root / "state" / "status.json").read_text())
@@ -278,6 +368,8 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
         killer = ShopsimKiller("shoprld", lambda: [p for p in shoprld_train_logs(root) if p.name == "r003-train.log"],
                                lambda: shoprld_status_pid(root, "shopsim"), plan.kill_shopsim_at, t0)
         killer.start()
+    progress = Progress(lambda: shoprld_train_logs(root), t0)
+    progress.start()
     starts: list[dict[str, Any]] = []
     code = None
     try:
@@ -302,6 +394,7 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
         if killer is not None:
             killer.stop.set()
     wall = time.monotonic() - t0
+    last_seen = progress.finish()
     recs = journal(root)
     state = None
     try:
@@ -309,7 +402,7 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
     except (OSError, ValueError):
         pass
     out: dict[str, Any] = {"wall_s": round(wall, 2), "exit": code, "final_state": state,
-                           "done": code == 0 and state == "DONE",
+                           "done": code == 0 and state == "DONE", "_last_seen": last_seen,
                            "daemon_starts": len(starts), "systemd_restarts": len(starts) - 1, "starts": starts,
                            # a stop that systemd does not restart (exit 3, 4, 5) needs a human
                            "human_interventions": 0 if code == 0 and state == "DONE" else 1}
@@ -322,6 +415,10 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
             for r in recs if r["event"] in ("train.stall", "shopsim.died", "shopsim.restart", "shopsim.lease_leak")
             or (r["event"] == "transition" and r.get("trigger") in ("retry", "fail"))]
         out["shopsim_killed_at_s"] = killer.killed_at if killer else None
+        # The adaptive save interval chosen at each trainer launch, with its inputs (issue 17, item 1).
+        out["save_intervals"] = [{"t": round(r["t"] - base, 2),
+                                  **{k: v for k, v in r.items() if k not in ("t", "seq", "event", "snapshot")}}
+                                 for r in recs if r["event"] == "save.interval"]
     return out
 
 
@@ -335,6 +432,8 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
     if plan is not None:
         killer = ShopsimKiller("bash", lambda: list(launch_logs), lambda: read_pid(pidfile), plan.kill_shopsim_at, t0)
         killer.start()
+    progress = Progress(lambda: list(launch_logs), t0)
+    progress.start()
     launches: list[dict[str, Any]] = []
     interventions: list[dict[str, Any]] = []
     resume, cur_round, code = 0, 0, None
@@ -405,7 +504,7 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
         if killer is not None:
             killer.stop.set()
     wall = time.monotonic() - t0
-    return {"wall_s": round(wall, 2), "exit": code, "done": done, "launches": launches,
+    return {"wall_s": round(wall, 2), "exit": code, "done": done, "_last_seen": progress.finish(), "launches": launches,
             "human_interventions": len(interventions), "interventions": interventions,
             "trainer_launches": sum(p.read_text(errors="replace").count("start_rollout_id=") for p in launch_logs),
             "shopsim_killed_at_s": killer.killed_at if killer else None, "_logs": launch_logs}
@@ -414,7 +513,7 @@ def run_bash(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: Pla
 def _trainer_stepped_since_start(text: str) -> bool:
     """Did the last trainer launch in this log make a step (a rollout line after its start)?"""
     i = text.rfind("start_rollout_id=")
-    return i >= 0 and re.search(r"^rollout \d+/", text[i:], flags=re.M) is not None
+    return i >= 0 and ROLLOUT_RE.search(text[i:].encode()) is not None
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
@@ -451,66 +550,115 @@ def stop_like_ctrl_c(proc: subprocess.Popen[bytes], spare: int | None, grace: fl
 
 
 # -- the report ------------------------------------------------------------------------------------------
-def finish(root: Path, run: dict[str, Any], logs: list[Path], steps: int, ref: dict[str, bytes] | None) -> dict[str, Any]:
+def finish(root: Path, run: dict[str, Any], logs: list[Path], steps: int, ref_res: dict[str, bytes] | None,
+           ref_run: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """One runner's row: wall, fault-free wall, each fault's cost, steps re-run, interventions."""
     rolls = rollouts_in(logs)
     lost = work_lost(rolls)
     step_times = sorted(s for _, s in rolls)
     med = step_times[len(step_times) // 2] if step_times else None
     res = results(root)
     out = {k: v for k, v in run.items() if not k.startswith("_")}
+    fault_cost = round(run["wall_s"] - ref_run["wall_s"], 2)
     out.update({
         "wall_real_h": round(run["wall_s"] * SCALE / 3600, 2),
+        "fault_free_wall_s": ref_run["wall_s"], "fault_free_wall_real_h": round(ref_run["wall_s"] * SCALE / 3600, 2),
+        "fault_cost_s": fault_cost, "fault_cost_real_h": round(fault_cost * SCALE / 3600, 2),
+        "faulted_over_fault_free": round(run["wall_s"] / ref_run["wall_s"], 3) if ref_run["wall_s"] else None,
+        "fault_costs": fault_costs(run, ref_run, rolls, steps, plan),
         "median_step_s": med,
         "trainer_s_lost": lost["trainer_s_lost"], "steps_rerun": lost["steps_rerun"],
         "steps_run": lost["steps_run"], "steps_needed": ROUNDS * steps,
         "trainer_real_h_lost": round(lost["trainer_s_lost"] * SCALE / 3600, 2),
         "success_rates": success_rates(root / "repo"),
-        "results_equal_reference": (res == ref) if ref is not None else None,
+        "results_equal_reference": (res == ref_res) if ref_res is not None else None,
     })
-    if ref is not None and res != ref:
-        out["results_differ"] = sorted(k for k in set(res) | set(ref) if res.get(k) != ref.get(k))[:12]
+    if ref_res is not None and res != ref_res:
+        out["results_differ"] = sorted(k for k in set(res) | set(ref_res) if res.get(k) != ref_res.get(k))[:12]
     return out
+
+
+def round_of(rid: int, steps: int) -> int:
+    """The round whose --num-rollout range holds rollout ``rid``: round k trains (k*steps, (k+1)*steps]."""
+    return 0 if rid <= steps else (rid - 1) // steps
+
+
+def fault_costs(run: dict[str, Any], ref_run: dict[str, Any], rolls: list[tuple[int, float]], steps: int,
+                plan: Plan) -> list[dict[str, Any]]:
+    """Per round segment (see :class:`Progress`): the faults planned there, the segment's extra
+    seconds against the fault-free run (= what those faults cost; round-000 and the tail have
+    none, so they show the noise), and the steps re-run in that round."""
+    seg = round_segments(run["_last_seen"], steps, ROUNDS, run["wall_s"])
+    ref = round_segments(ref_run["_last_seen"], steps, ROUNDS, ref_run["wall_s"])
+    seen: dict[int, int] = {}
+    for rid, _ in rolls:
+        seen[rid] = seen.get(rid, 0) + 1
+    rows = []
+    for k in range(ROUNDS + 1):
+        rid = f"round-{k:03d}" if k < ROUNDS else "tail"
+        extra = round(seg[k] - ref[k], 3) if seg[k] is not None and ref[k] is not None else None
+        rows.append({"segment": rid, "faults": [f["fault"] for f in plan.faults if f["round"] == rid],
+                     "wall_s": seg[k], "fault_free_s": ref[k], "cost_s": extra,
+                     "cost_real_h": round(extra * SCALE / 3600, 2) if extra is not None else None,
+                     "steps_rerun": sum(n - 1 for r, n in seen.items() if n > 1 and round_of(r, steps) == k)
+                     if k < ROUNDS else 0})
+    return rows
+
+
+def human_name(check_min: float) -> str:
+    return HUMANS.get(check_min, f"every-{check_min:g}min")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 rounds x 5 steps instead of 5 x 20")
     ap.add_argument("--keep", type=Path, help="work in this dir and keep it (default: a temp dir, removed)")
-    ap.add_argument("--sequential", action="store_true", help="run bash, then shoprld (default: side by side)")
+    ap.add_argument("--sequential", action="store_true", help="run the runners one after another (default: side by side)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per runner, seconds")
-    ap.add_argument("--check-min", type=float, default=60.0,
-                    help="real minutes between the human's looks at the bash run (default 60)")
+    ap.add_argument("--check-min", type=float, nargs="+", default=sorted(HUMANS),
+                    help="real minutes between the human's looks at the bash run, one bash run per value "
+                         "(default: 60 = attentive, 480 = overnight)")
     ap.add_argument("--hang-min", type=float, default=60.0,
                     help="real minutes without output after which the human calls it hung (default 60)")
+    modes = saves_modes()
+    ap.add_argument("--saves", choices=["fixed", "adaptive"], default=modes[-1],
+                    help=f"shoprld's save policy ([saves] mode; this branch knows: {', '.join(modes)}; "
+                         f"default {modes[-1]}). bash always saves once per round, as the seed")
     a = ap.parse_args()
+    if a.saves not in modes:
+        print(f"bench_timeline: --saves {a.saves}: this branch's config has no [saves] table; "
+              "fix: run it after the adaptive-saves change is merged, or use --saves fixed", file=sys.stderr)
+        return 2
     steps = 5 if a.quick else 20
     plan = Plan.for_steps(steps)
-    human = Human(check_every=a.check_min * 60 / SCALE, hang_after=a.hang_min * 60 / SCALE)
+    humans = {human_name(m): Human(check_every=m * 60 / SCALE, hang_after=a.hang_min * 60 / SCALE) for m in a.check_min}
+    bash_runs = [f"bash-{h}" for h in humans]
     work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-timeline-"))
     work.mkdir(parents=True, exist_ok=True)
-    roots = {name: work / name for name in ("bash-ref", "shoprld-ref", "bash", "shoprld")}
+    roots = {name: work / name for name in ("bash-ref", "shoprld-ref", "shoprld", *bash_runs)}
     for r in roots.values():
         if r.exists():
             shutil.rmtree(r)
         r.mkdir(parents=True)
     report: dict[str, Any] = {"bench": "seed_timeline", "scale": SCALE, "mode": "quick" if a.quick else "full",
-                              "rounds": ROUNDS, "steps_per_round": steps, "machine": machine()}
+                              "rounds": ROUNDS, "steps_per_round": steps, "saves": a.saves,
+                              "save_cost_s": SAVE_S, "save_cost_real_min": SAVE_S * SCALE / 60, "machine": machine()}
+    shoprld_saves = a.saves if len(modes) > 1 else None
     try:
-        trees = {n: build_tree(r, steps, STEP_SLEEP) for n, r in roots.items()}
+        trees = {n: build_tree(r, steps, STEP_SLEEP, saves=shoprld_saves if n.startswith("shoprld") else None)
+                 for n, r in roots.items()}
         # 1. The fault-free references: the same paced campaign without the faults, side by side.
+        #    Without faults the human never acts, so one bash reference serves every human model.
         log(f"references: the timeline x{SCALE} without faults, {ROUNDS} rounds x {steps} steps ...")
         refs: dict[str, Any] = {}
         deadline = time.monotonic() + a.timeout
-
-        def ref_bash() -> None:
-            refs["bash"] = run_bash(roots["bash-ref"], trees["bash-ref"], campaign_env(roots["bash-ref"], None),
-                                    plan=None, human=human, deadline=deadline)
-
-        def ref_shoprld() -> None:
-            refs["shoprld"] = run_shoprld(roots["shoprld-ref"], trees["shoprld-ref"],
-                                          campaign_env(roots["shoprld-ref"], None), plan=None, deadline=deadline)
-
-        _both(ref_bash, ref_shoprld, sequential=False)
+        first_human = next(iter(humans.values()))
+        _run_all({
+            "bash": lambda: run_bash(roots["bash-ref"], trees["bash-ref"], campaign_env(roots["bash-ref"], None),
+                                     plan=None, human=first_human, deadline=deadline),
+            "shoprld": lambda: run_shoprld(roots["shoprld-ref"], trees["shoprld-ref"],
+                                           campaign_env(roots["shoprld-ref"], None), plan=None, deadline=deadline),
+        }, refs, sequential=a.sequential)
         ref_res = {n: results(roots[f"{n}-ref"]) if refs[n]["done"] else None for n in ("bash", "shoprld")}
         ref_rates = {n: success_rates(roots[f"{n}-ref"] / "repo") for n in ("bash", "shoprld")}
         report["reference"] = {"bash_done": refs["bash"]["done"], "shoprld_done": refs["shoprld"]["done"],
@@ -521,47 +669,38 @@ def main() -> int:
             if refs[n]["done"]:
                 rolls = rollouts_in(refs[n]["_logs"] if n == "bash" else shoprld_train_logs(roots["shoprld-ref"]))
                 report["reference"][f"{n}_median_step_s"] = sorted(x for _, x in rolls)[len(rolls) // 2] if rolls else None
-        # 2. The timeline with the faults, side by side.
-        log(f"timeline x{SCALE}, {ROUNDS} rounds x {steps} steps, faults at {plan.trainer_faults()} ...")
+        # 2. The timeline with the faults: shoprld and one bash run per human model, side by side.
+        log(f"timeline x{SCALE}, {ROUNDS} rounds x {steps} steps, faults at {plan.trainer_faults()}, "
+            f"humans {list(humans)} ...")
         runs: dict[str, Any] = {}
         deadline = time.monotonic() + a.timeout
-
-        def go_bash() -> None:
-            runs["bash"] = run_bash(roots["bash"], trees["bash"], campaign_env(roots["bash"], plan), plan=plan,
-                                    human=human, deadline=deadline)
-
-        def go_shoprld() -> None:
-            runs["shoprld"] = run_shoprld(roots["shoprld"], trees["shoprld"], campaign_env(roots["shoprld"], plan),
-                                          plan=plan, deadline=deadline)
-
-        _both(go_bash, go_shoprld, sequential=a.sequential)
-        report["bash"] = finish(roots["bash"], runs["bash"], runs["bash"]["_logs"], steps, ref_res["bash"])
-        report["shoprld"] = finish(roots["shoprld"], runs["shoprld"], shoprld_train_logs(roots["shoprld"]), steps,
-                                   ref_res["shoprld"])
+        jobs: dict[str, Callable[[], dict[str, Any]]] = {
+            "shoprld": lambda: run_shoprld(roots["shoprld"], trees["shoprld"], campaign_env(roots["shoprld"], plan),
+                                           plan=plan, deadline=deadline)}
+        for h, human in humans.items():
+            n = f"bash-{h}"
+            jobs[n] = (lambda n=n, human=human: run_bash(roots[n], trees[n], campaign_env(roots[n], plan), plan=plan,
+                                                          human=human, deadline=deadline))
+        _run_all(jobs, runs, sequential=a.sequential)
+        rows: dict[str, Any] = {
+            "shoprld": finish(roots["shoprld"], runs["shoprld"], shoprld_train_logs(roots["shoprld"]), steps,
+                              ref_res["shoprld"], refs["shoprld"], plan)}
+        for n in bash_runs:
+            rows[n] = finish(roots[n], runs[n], runs[n]["_logs"], steps, ref_res["bash"], refs["bash"], plan)
+        report["runners"] = rows
         report["faults"] = plan.faults
-        report["human_policy"] = {"check_every_real_min": human.check_every * SCALE / 60,
-                                  "hang_after_real_min": human.hang_after * SCALE / 60,
-                                  "decide_real_min": human.decide * SCALE / 60,
-                                  "ctrl_c_grace_real_min": human.kill_grace * SCALE / 60}
+        report["human_policies"] = {h: {"check_every_real_min": x.check_every * SCALE / 60,
+                                        "hang_after_real_min": x.hang_after * SCALE / 60,
+                                        "decide_real_min": x.decide * SCALE / 60,
+                                        "ctrl_c_grace_real_min": x.kill_grace * SCALE / 60} for h, x in humans.items()}
         report["timeline_real_to_bench"] = {
             "step": "750-920 s -> DEMO_STEP_SECONDS 0.80 + rollout HTTP",
+            "save": f"~3 min (53 GB) -> DEMO_SAVE_SECONDS {SAVE_S}",
             "post_training": "8-14 min -> trainer teardown 0.15 s + compile 0.45 s + tools",
             "serve_val_gate": f"12-14 min -> load {VAL_LOAD_S} s + {VAL_TASKS} val tasks + {VAL_TASKS} gate rollouts",
             "gate_to_next_slime": "50-55 s -> tool start-up (python -S)"}
-        b, s = report["bash"], report["shoprld"]
-        for n, x in (("bash", b), ("shoprld", s)):
-            x["fault_free_wall_s"] = refs[n]["wall_s"]
-            x["fault_cost_s"] = round(x["wall_s"] - refs[n]["wall_s"], 2)
-            x["fault_cost_real_h"] = round(x["fault_cost_s"] * SCALE / 3600, 2)
-        report["summary"] = {
-            "wall_s": {"bash": b["wall_s"], "shoprld": s["wall_s"]},
-            "fault_free_wall_s": {"bash": b["fault_free_wall_s"], "shoprld": s["fault_free_wall_s"]},
-            "fault_cost_real_h": {"bash": b["fault_cost_real_h"], "shoprld": s["fault_cost_real_h"]},
-            "wall_real_h": {"bash": b["wall_real_h"], "shoprld": s["wall_real_h"]},
-            "trainer_s_lost": {"bash": b["trainer_s_lost"], "shoprld": s["trainer_s_lost"]},
-            "human_interventions": {"bash": b["human_interventions"], "shoprld": s["human_interventions"]},
-            "results_equal_reference": {"bash": b["results_equal_reference"], "shoprld": s["results_equal_reference"]},
-        }
+        report["projection"] = projection_column(a.saves)
+        report["summary"] = summarize(rows, report["projection"], humans)
     finally:
         for r in roots.values():
             cleanup_tree(r)
@@ -571,22 +710,59 @@ def main() -> int:
     return 0
 
 
-def _both(f: Callable[[], None], g: Callable[[], None], *, sequential: bool) -> None:
+def projection_column(saves: str) -> dict[str, Any]:
+    """The real campaign (seed durations and faults) under shoprld's policy, for both save modes;
+    ``policy`` names the one this run used (tests/bench/projection.py states the assumptions)."""
+    return {"policy": saves, "seed_wall_h": round(Seed().wall_s() / 3600, 2),
+            **{mode: {loss: project(Seed(), Policy(saves=mode, loss=loss)).as_dict()  # type: ignore[arg-type]
+                      for loss in ("expected", "worst")} for mode in ("fixed", "adaptive")}}
+
+
+def summarize(rows: dict[str, Any], proj: dict[str, Any], humans: dict[str, Human]) -> dict[str, Any]:
+    """The timeline table: one column per runner plus the projection, the two ratios and the goals."""
+    s = rows["shoprld"]
+    table = {n: {"wall_real_h": r["wall_real_h"], "fault_free_real_h": r["fault_free_wall_real_h"],
+                 "fault_cost_real_h": r["fault_cost_real_h"],
+                 "fault_costs_real_h": {x["segment"]: x["cost_real_h"] for x in r["fault_costs"]},
+                 "steps_rerun": r["steps_rerun"], "human_interventions": r["human_interventions"],
+                 "done": r["done"], "results_equal_reference": r["results_equal_reference"]}
+             for n, r in rows.items()}
+    table["projection_real_campaign"] = {"hours": proj[proj["policy"]]["expected"]["hours"],
+                                         "worst_case_hours": proj[proj["policy"]]["worst"]["hours"],
+                                         "policy": proj["policy"]}
+    ratios = {f"bash_{h}_over_shoprld": round(rows[f"bash-{h}"]["wall_s"] / s["wall_s"], 3) for h in humans}
+    ratios["shoprld_faulted_over_fault_free"] = s["faulted_over_fault_free"]
+    goals = {f"bash_{h}_over_shoprld": _goal(ratios[f"bash_{h}_over_shoprld"], GOALS["bash_over_shoprld"].get(h), ">=")
+             for h in humans}
+    goals["shoprld_faulted_over_fault_free"] = _goal(ratios["shoprld_faulted_over_fault_free"],
+                                                     GOALS["shoprld_faulted_over_fault_free"], "<=")
+    goals["projection_h"] = _goal(table["projection_real_campaign"]["hours"], GOALS["projection_h"], "<=")
+    return {"table": table, "ratios": ratios, "goals": goals}
+
+
+def _goal(value: float | None, bar: float | None, op: str) -> dict[str, Any]:
+    """A figure against issue 17's goal: ``op`` says which side of the bar meets it."""
+    met = None if value is None or bar is None else (value >= bar if op == ">=" else value <= bar)
+    return {"value": value, "goal": f"{op} {bar}" if bar is not None else None, "met": met}
+
+
+def _run_all(jobs: dict[str, Callable[[], dict[str, Any]]], into: dict[str, Any], *, sequential: bool) -> None:
+    """Run each job (a runner), side by side in threads unless ``sequential``; results land in ``into``."""
     if sequential:
-        f()
-        g()
+        for name, fn in jobs.items():
+            into[name] = fn()
         return
     errors: list[BaseException] = []
 
-    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+    def wrap(name: str, fn: Callable[[], dict[str, Any]]) -> Callable[[], None]:
         def run() -> None:
             try:
-                fn()
+                into[name] = fn()
             except BaseException as exc:  # re-raised below, in the main thread
                 errors.append(exc)
         return run
 
-    threads = [threading.Thread(target=wrap(fn)) for fn in (f, g)]
+    threads = [threading.Thread(target=wrap(n, fn)) for n, fn in jobs.items()]
     for t in threads:
         t.start()
     for t in threads:

@@ -181,11 +181,15 @@ def cleanup_tree(root: Path) -> None:
 
 
 # -- journals and logs -----------------------------------------------------------------------------
-ROLLOUT_RE = re.compile(rb"rollout (\d+)/\d+ step_time=([0-9.]+)")
+# slime's per-step perf line, as the trainer stand-in prints it (run/demo/slime_train.py):
+# "[time] rollout_metrics.py:N - perf <id>: {"perf/step_time": S}". The older stand-in's
+# "rollout N/M step_time=S" line no longer exists: matching it found no step at all, so the
+# ShopSim-death fault never fired and no step counted as re-run.
+ROLLOUT_RE = re.compile(rb'- perf (\d+): \{"perf/step_time": ([0-9.]+)')
 
 
 def rollouts_in(paths: Iterable[Path]) -> list[tuple[int, float]]:
-    """Every ``rollout N/M step_time=S`` line in these logs, in order: (N, S)."""
+    """Every step's perf line in these logs, in order: (rollout id, step seconds)."""
     out = []
     for p in paths:
         try:

@@ -59,6 +59,18 @@ def test_fresh_start_runs_from_zero_and_saves_like_slime(tmp_path: Path) -> None
     assert re.search(r" - perf 11: \{", res.stdout)
 
 
+def test_each_save_is_timed_as_slimes_timer_logs_it(tmp_path: Path) -> None:
+    """Every save is wrapped in slime's `Timer save_model start` / `end (elapsed: X.Xs)` lines
+    (daemon/saves.py reads the cost from them); DEMO_SAVE_SECONDS is a slow disk's extra time."""
+    res = train("--save", str(tmp_path / "s"), "--save-interval", "3", "--num-rollout", "5", DEMO_SAVE_SECONDS="0.3")
+    assert res.returncode == 0, res.stderr
+    assert saves(res.stdout) == [2, 4]
+    assert len(re.findall(r" timer\.py:\d+ - Timer save_model start$", res.stdout, re.M)) == 2
+    elapsed = [float(x) for x in re.findall(r" timer\.py:\d+ - Timer save_model end \(elapsed: (\d+\.\d)s\)$",
+                                            res.stdout, re.M)]
+    assert len(elapsed) == 2 and all(e >= 0.3 for e in elapsed)
+
+
 @pytest.mark.parametrize("tracker", ["5", " 5 \n", "5\n"])
 def test_resume_starts_at_tracker_plus_one(tmp_path: Path, tracker: str) -> None:
     """A tracker holding an integer N (any whitespace) resumes at N+1."""
@@ -104,6 +116,16 @@ def test_checkpoint_files_are_written_in_megatron_order(tmp_path: Path) -> None:
     assert json.loads((d / "metadata.json").read_text()) == c.METADATA_JSON
     assert (tmp_path / c.TRACKER).read_text() == "0"
     assert res.stdout.index("saving checkpoint iter 0") < res.stdout.index("successfully saved checkpoint from iteration")
+
+
+def test_save_seconds_delays_the_tracker_not_the_data(tmp_path: Path) -> None:
+    """DEMO_SAVE_SECONDS (the benchmarks' save cost) passes between the last data file and the
+    tracker, so a checkpoint is committed only once its save time has passed (a lower bound: a
+    sleep never ends early)."""
+    res = train("--save", str(tmp_path), "--save-interval", "1", "--num-rollout", "1", DEMO_SAVE_SECONDS="0.3")
+    assert res.returncode == 0, res.stderr
+    gap_ns = (tmp_path / c.TRACKER).stat().st_mtime_ns - (tmp_path / "iter_0000000" / "metadata.json").stat().st_mtime_ns
+    assert gap_ns >= 0.25e9  # file times are kernel-tick coarse
 
 
 def test_save_hf_matches_the_converter_byte_for_byte(tmp_path: Path) -> None:
@@ -200,6 +222,26 @@ def test_once_only_fault_lets_the_restart_proceed(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert rollouts_run(second.stdout) == [2, 3, 4, 5]
     assert (tmp_path / "s" / c.TRACKER).read_text() == "5"
+
+
+def test_resume_at_zero_restarts_the_count_after_a_numbered_load_only(tmp_path: Path) -> None:
+    """DEMO_FAULT_RESUME_AT_ZERO (slime#1558): after --load of iteration 5 the rollouts restart at 0,
+    not 6; from the converted base (`release`) the count is untouched; with DEMO_FAULT_ONCE_DIR the
+    next launch resumes right."""
+    assert train("--init-base", str(tmp_path / "base")).returncode == 0
+    knobs = {"DEMO_FAULT_RESUME_AT_ZERO": "1", "DEMO_FAULT_ONCE_DIR": str(tmp_path / "once")}
+    base = train("--load", str(tmp_path / "base"), "--save", str(tmp_path / "b"), "--save-interval", "100",
+                 "--num-rollout", "3", **knobs)
+    assert base.returncode == 0 and rollouts_run(base.stdout) == [1, 2]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / c.TRACKER).write_text("5")
+    args = ["--load", str(tmp_path / "s"), "--save", str(tmp_path / "s"), "--save-interval", "100", "--num-rollout", "8"]
+    wrong = train(*args, **knobs)
+    assert wrong.returncode == 0, wrong.stderr
+    assert rollouts_run(wrong.stdout) == list(range(8)) and "start_rollout_id=0 " in wrong.stdout
+    assert (tmp_path / "once" / "resume_at_zero").is_file()
+    (tmp_path / "s" / c.TRACKER).write_text("5")
+    assert rollouts_run(train(*args, **knobs).stdout) == [6, 7]
 
 
 def test_stall_at_stays_alive_without_progress(tmp_path: Path, procs: Procs) -> None:

@@ -222,6 +222,7 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     import anyio
     from shoprld.daemon.config import config_from_dict
     from shoprld.daemon.raylauncher import RayLauncher, ray_tmpdir_path
+    from shoprld.daemon.roundplan import resolve
 
     if not RAY_BIN.exists():
         pytest.skip(f"no ray CLI next to {sys.executable}")
@@ -251,7 +252,8 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
         with anyio.fail_after(240):
             argv = [sys.executable, "-c", "print('rollout 0', flush=True)"]
             child = await launcher.start("trainer", argv, env=env, cwd=tmp_path / "repo",
-                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=argv)
+                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=argv,
+                                         round=resolve(cfg, layout, 0))
             assert launcher.head is not None
             sid = launcher.head.pid
             assert await child.wait() == 0

@@ -17,12 +17,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.commands import round_context
 from shoprld.daemon.condaenv import activation_argv
 from shoprld.daemon.config import ProcessSpec, config_from_dict
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.processes import LocalLauncher
 from shoprld.daemon.raylauncher import entrypoint_of
+from shoprld.daemon.roundplan import RoundPlan, resolve
+from tests.roundctx import standalone_context
 
 DUMP = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"
 
@@ -80,8 +81,7 @@ async def test_a_stage_with_conda_prefix_gets_the_hooks_env_through_the_local_la
                             "storage": {"repo": str(tmp_path), "ephemeral_root": str(tmp_path / "eph")},
                             "train": {"command": ["true"]}, "wandb": {"enabled": False}}, tmp_path / "c.toml")
     layout = Layout.from_config(cfg, environ={})
-    ctx = round_context(cfg, layout, 0, base_env=base_env())
-    ctx.launcher = LocalLauncher()
+    ctx = standalone_context(RoundPlan(cfg, layout, 0, base_env=base_env()), launcher=LocalLauncher())
     for spec, name in ((ProcessSpec(conda_prefix=prefix), "conda"), (ProcessSpec(), "plain")):
         dump = tmp_path / "dump.py"  # a file: DUMP's braces would read as {placeholders} in a template
         dump.write_text(DUMP)
@@ -103,10 +103,10 @@ def test_plain_specs_are_not_wrapped(tmp_path: Path) -> None:
     """Without conda_prefix the argv is launched unchanged (plain venvs stay supported)."""
     cfg = config_from_dict({"campaign": {"name": "c", "rounds": 1, "steps_per_round": 1},
                             "storage": {"repo": str(tmp_path)}, "train": {"command": ["true"]}}, tmp_path / "c.toml")
-    ctx = round_context(cfg, Layout.from_config(cfg, environ={}), 0)
+    rv = resolve(cfg, Layout.from_config(cfg, environ={}), 0)
     argv = ["/venv/bin/python", "-m", "tool", "a b"]
-    assert ctx.wrap(argv, ProcessSpec()) == argv
-    assert ctx.wrap(argv, ProcessSpec(conda_prefix=Path("/env")))[-4:] == argv
+    assert rv.wrap(argv, ProcessSpec()) == argv
+    assert rv.wrap(argv, ProcessSpec(conda_prefix=Path("/env")))[-4:] == argv
 
 
 def test_the_ray_entrypoint_activates_the_env_too(prefix: Path, tmp_path: Path) -> None:

@@ -35,9 +35,9 @@ from shoprld.daemon.raylauncher import (
     job_env,
     ray_tmpdir,
     ray_tmpdir_path,
-    round_of_log,
     session_pids,
 )
+from shoprld.daemon.roundplan import resolve
 
 STANDIN = Path(__file__).resolve().parents[2] / "run" / "demo" / "rayjobs_standin.py"
 SECRET = "wandb-secret-value-0123456789"
@@ -153,7 +153,8 @@ def trainer_env(layout: Layout, cfg: Config) -> dict[str, str]:
 async def start_trainer(launcher: RayLauncher, layout: Layout, cfg: Config, code: str, round_index: int = 0):  # type: ignore[no-untyped-def]
     argv = [PY, "-c", code]
     return await launcher.start("trainer", argv, env=trainer_env(layout, cfg), cwd=layout.repo,
-                                log=layout.stage_log(round_index, "TRAIN"), redacted_argv=argv)
+                                log=layout.stage_log(round_index, "TRAIN"), redacted_argv=argv,
+                                round=resolve(cfg, layout, round_index))
 
 
 PRINT_ROLLOUTS = "import time\nfor i in range(3):\n    print(f'rollout {i}', flush=True)\n    time.sleep(0.05)"
@@ -272,7 +273,8 @@ async def test_argv_reaches_the_job_exactly(tmp_path: Path, standin: Standin) ->
     argv = [PY, "-c", code, *odd]
     with anyio.fail_after(30):
         child = await launcher.start("trainer", argv, env=trainer_env(layout, cfg), cwd=None,
-                                     log=layout.stage_log(0, "TRAIN"), redacted_argv=argv)
+                                     log=layout.stage_log(0, "TRAIN"), redacted_argv=argv,
+                                     round=resolve(cfg, layout, 0))
         assert await child.wait() == 0
     line = next(ln for ln in layout.stage_log(0, "TRAIN").read_text().splitlines() if ln.startswith("ARGV="))
     assert json.loads(line[5:]) == odd
@@ -285,7 +287,7 @@ async def test_a_secret_in_argv_is_refused_before_submitting(tmp_path: Path, sta
     argv = [PY, "-c", "pass", f"--key={SECRET}"]
     with pytest.raises(ConfigError, match="WANDB_API_KEY"):
         await launcher.start("trainer", argv, env=trainer_env(layout, cfg), cwd=None,
-                             log=layout.stage_log(0, "TRAIN"), redacted_argv=["***"])
+                             log=layout.stage_log(0, "TRAIN"), redacted_argv=["***"], round=resolve(cfg, layout, 0))
     assert standin.jobs() == []
 
 
@@ -344,7 +346,7 @@ async def test_a_retried_submit_attaches_to_the_job_ray_already_holds(tmp_path: 
     client = RayJobsClient(cfg.train.ray_address, transport=httpx.MockTransport(handler))
     launcher = RayLauncher(cfg, layout, client=client)
     child = await launcher.start("trainer", ["true"], env={}, cwd=None, log=layout.stage_log(0, "TRAIN"),
-                                 redacted_argv=["true"])
+                                 redacted_argv=["true"], round=resolve(cfg, layout, 0))
     assert isinstance(child, RayJobChild) and child.status == "RUNNING"
     assert calls == ["GET /api/jobs/", "POST /api/jobs/", "GET /api/jobs/shoprld-camp-exp-round-000-1"]
     await client.aclose()
@@ -372,12 +374,33 @@ def test_entrypoint_quotes_and_changes_dir() -> None:
     assert entrypoint_of(["true"], None) == "exec true"
 
 
-def test_round_comes_from_the_stage_log_name() -> None:
-    """The round of a trainer start is read from r<NNN>-train.log (or SHOPRLD_ROUND)."""
-    assert round_of_log(Path("/x/logs/r004-train.log"), {}) == 4
-    assert round_of_log(Path("/x/whatever.log"), {"SHOPRLD_ROUND": "2"}) == 2
-    with pytest.raises(RayJobsError):
-        round_of_log(Path("/x/whatever.log"), {})
+@pytest.mark.anyio
+async def test_the_round_comes_from_the_caller_never_from_the_log_name(tmp_path: Path) -> None:
+    """The job is named after the round the caller passes (whatever the log file is called), and
+    a trainer start without its round is refused before anything reaches Ray."""
+    calls: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(f"{req.method} {req.url.path}")
+        if req.method == "GET" and req.url.path == "/api/jobs/":
+            return httpx.Response(200, json=[])
+        if req.method == "POST":
+            return httpx.Response(200, json={"submission_id": json.loads(req.content)["submission_id"]})
+        return httpx.Response(200, json={"status": "RUNNING", "submission_id": req.url.path.split("/")[-1]})
+
+    cfg = make_cfg(tmp_path, "http://ray.invalid:8265")
+    layout = Layout.from_config(cfg, environ={})
+    client = RayJobsClient(cfg.train.ray_address, transport=httpx.MockTransport(handler))
+    launcher = RayLauncher(cfg, layout, client=client)
+    log = tmp_path / "r007-not-the-round.log"
+    with pytest.raises(ValueError, match="needs the round"):
+        await launcher.start("trainer", ["true"], env={}, cwd=None, log=log, redacted_argv=["true"])
+    assert calls == []
+    child = await launcher.start("trainer", ["true"], env={}, cwd=None, log=log, redacted_argv=["true"],
+                                 round=resolve(cfg, layout, 2))
+    assert child.record.job_id == "shoprld-camp-exp-round-002-1"
+    assert json.loads((layout.artifacts / "round" / "round-002.json").read_text())["job_id"] == child.record.job_id
+    await client.aclose()
 
 
 def test_long_experiment_dirs_get_a_short_ray_tmpdir_link(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ from shoprld.daemon import commands
 from shoprld.daemon.check import run_check
 from shoprld.daemon.config import Config, load_config
 from shoprld.daemon.layout import Layout
+from shoprld.daemon.roundplan import RoundPlan, resolve
 from shoprld.daemon.secrets import with_pattern
+from tests.roundctx import standalone_context
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "run" / "slime-4xa800.toml"
@@ -189,7 +191,7 @@ def test_round_one_loads_the_save_dir_through_the_engines_own_context(cfg: Confi
     """RoundContext.values (what the engine uses) gives round 1 the save dir once round 0 committed."""
     moved = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"ephemeral_root": tmp_path})})
     lay = Layout.from_config(moved, environ={})
-    ctx0 = commands.round_context(moved, lay, 0)
+    ctx0 = standalone_context(RoundPlan(moved, lay, 0))
     assert ctx0.values()["load"] == BASE and ctx0.values()["num_rollout"] == "21"
     it = lay.save_dir / "iter_0000020"  # round 0's final save, complete in Megatron's layout
     it.mkdir(parents=True)
@@ -197,9 +199,10 @@ def test_round_one_loads_the_save_dir_through_the_engines_own_context(cfg: Confi
         (it / name).write_bytes(b"x")
     (it / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     (lay.save_dir / "latest_checkpointed_iteration.txt").write_text("20")
-    values = commands.round_context(moved, lay, 1).values()
+    ctx1 = standalone_context(RoundPlan(moved, lay, 1))
+    values = ctx1.values()
     assert values["load"] == str(lay.save_dir) and values["num_rollout"] == "41"
-    argv = commands.round_context(moved, lay, 1).argv(moved.train.command)
+    argv = ctx1.argv(moved.train.command)
     assert argv[argv.index("--load") + 1] == str(lay.save_dir)
 
 
@@ -232,7 +235,7 @@ def test_entrypoint_runs_the_argv_in_the_slime_env_from_the_project_root(cfg: Co
 def test_every_tool_command_matches_the_seed(cfg: Config, layout: Layout) -> None:
     """emit / watch-analyze / analyze / run / online-gate / build-curriculum / check and the
     val server resolve to the seed's commands, W&B flags and group included."""
-    ctx = commands.round_context(cfg, layout, 0, planned=True)
+    ctx = resolve(cfg, layout, 0, planned=True)
     wb = ["--wandb", "--wandb-project", "shopsimrl", "--wandb-group", "qwen35-4b-train-100",
           "--wandb-mode", "online", "--wandb-dir", f"{EXP}/wandb"]
     tool = ["python3", f"{PROJECT}/scripts/run_shopsimrl.py"]
@@ -284,7 +287,7 @@ def test_preflight_names_the_real_stacks_files_and_the_conversion(cfg: Config, l
     custom generate function; the hint names slime's HF -> torch_dist conversion."""
     from shoprld.daemon.preflight import real_stack_problems
 
-    values = commands.round_values(cfg, layout, 0)
+    values = resolve(cfg, layout, 0).values
     must = {k: v.format_map(values) for k, v in cfg.preflight.must_exist.items()}
     assert must["ref_load"] == BASE and must["origin_hf_dir"] == HF_ORIGIN
     assert must["task_data"] == f"{PROJECT}/data/shopsim_train.jsonl"

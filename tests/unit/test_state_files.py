@@ -296,6 +296,7 @@ def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[P
         engine._load()
         engine._journal("transition", src=None, dst="TRAIN", trigger="start")
         engine._persist()
+        engine.store.flush_status()
         line = (d / JOURNAL_FILE).read_text().splitlines()[-1]
         sizes[n] = (len(line), (d / STATE_FILE).stat().st_size, (d / "status.json").stat().st_size)
         engine.store.release_lock()

@@ -252,6 +252,18 @@ def test_human_view_parked_and_failed_states() -> None:
     assert "[hard]" in text and "warnings   ! trainer stalled for 42m" in text
 
 
+def test_human_view_shows_the_launchs_save_interval_and_a_fallback() -> None:
+    """The last save.interval's summary (issue 17) is one line, in both its mid-round and its
+    one-save-per-round forms; without one (fixed mode, or before a launch) there is no line."""
+    mid = {"mode": "adaptive", "mid_round": True, "summary": "adaptive: a save every 6 steps (save 180s (guess), ...)"}
+    text = human(dict(snapshot(saves=mid), daemon={"alive": True, "pid": 4242}))
+    assert "saves      adaptive: a save every 6 steps" in text
+    fallback = {"mode": "adaptive", "mid_round": False,
+                "summary": "adaptive: one save per round (--save-interval 10000), as the seed: no disk room for a mid-round save"}
+    assert "no disk room for a mid-round save" in human(dict(snapshot(saves=fallback), daemon={"alive": True}))
+    assert "saves " not in human(dict(snapshot(), daemon={"alive": True}))
+
+
 def test_human_view_never_started(campaign: tuple[Path, Path]) -> None:
     """Never started: the view names the campaign and says so, without a progress bar."""
     cfg, _ = campaign

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon import commands
 from shoprld.daemon.config import load_config
 from shoprld.daemon.layout import Layout
+from shoprld.daemon.roundplan import RoundPlan
 from shoprld.daemon.toolfiles import read_analysis, read_bare_summary, read_gate
 from shoprld.daemon.toolout import ToolOutputError
 from shoprld.states import gate as gate_state
 from shoprld.states import val as val_state
+from tests.roundctx import standalone_context
 
 SHA = "ab" * 32
 
@@ -132,7 +133,7 @@ def ctx(tmp_path: Path):  # type: ignore[no-untyped-def]
                     '[train]\ncommand = ["{python}", "t.py"]\n[wandb]\nenabled = false\n')
     cfg = load_config(toml)
     lay = Layout.from_config(cfg, environ={})
-    c = commands.round_context(cfg, lay, 1)
+    c = standalone_context(RoundPlan(cfg, lay, 1))
     c.record_path("export").parent.mkdir(parents=True)
     c.record_path("export").write_text("{}")
     return c

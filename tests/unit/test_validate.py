@@ -144,10 +144,10 @@ def test_vars_may_use_the_vars_above_them(tmp_path: Path) -> None:
     code, out, err = check(campaign)
     assert (code, err) == (0, ""), err
     cfg = load_config(campaign)
-    from shoprld.daemon.commands import round_values
     from shoprld.daemon.layout import Layout
+    from shoprld.daemon.roundplan import resolve
 
-    values = round_values(cfg, Layout.from_config(cfg), 0)
+    values = resolve(cfg, Layout.from_config(cfg), 0).values
     assert values["step_seconds"] == values["base"] != "{base}"
 
 

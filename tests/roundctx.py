@@ -1,0 +1,50 @@
+"""A stage context outside the engine, for tests and benches that drive one stage or service.
+
+The engine builds ``RoundContext`` from a ``RoundPlan`` and its own services; here the same
+class is built around a real launcher, with the children kept in a dict and the events in a
+list (the engine persists and journals them instead). Nothing is faked below the context:
+launches, values and paths run the production code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from shoprld.daemon.processes import Child, Launcher, LocalLauncher, SystemClock
+from shoprld.daemon.roundplan import RoundPlan
+from shoprld.daemon.services import ShopsimService, ValServerService
+from shoprld.states.base import RoundContext
+
+
+class NoStop:
+    """Nobody asks a test's stage to stop."""
+
+    at_checkpoint = False
+
+
+def standalone_context(plan: RoundPlan, *, launcher: Launcher | None = None, http: httpx.AsyncClient | None = None,
+                       val_server: ValServerService | None = None, shopsim: ShopsimService | None = None,
+                       events: list[tuple[str, dict[str, Any]]] | None = None) -> RoundContext:
+    """``plan``'s round as a stage sees it: ``launcher`` (local processes by default) starts the
+    children; each registered child is found by its role; each event lands in ``events``."""
+    children: dict[str, Child] = {}
+    seen = events if events is not None else []
+
+    def find(role: str) -> Child | None:
+        child = children.get(role)
+        return child if child is not None and child.alive() else None
+
+    def unregister(child: Child) -> None:
+        if children.get(child.record.role) is child:
+            del children[child.record.role]
+
+    return RoundContext(
+        plan=plan, launcher=launcher or LocalLauncher(),
+        http=http,  # type: ignore[arg-type]  # None: a test whose stage makes no HTTP call
+        clock=SystemClock(), shopsim=shopsim or ShopsimService(), val_server=val_server or ValServerService(),
+        emit=lambda event, **fields: seen.append((event, fields)),
+        register_child=lambda child: children.__setitem__(child.record.role, child),
+        unregister_child=unregister, find_child=find, stop=NoStop(),
+    )
