@@ -281,25 +281,84 @@ class Guard:
         return Level.HARD
 
     def _classify(self, s: DiskSample) -> tuple[Level, str]:
-        if s.read_only:
-            return Level.HARD, f"volume {s.path} is read-only"
-        lim, hb, hi = self.limits, self.hysteresis_bytes, self.hysteresis_inodes
-        free, inodes = s.free_bytes, s.inodes_free
-        for level, limit_bytes, limit_inodes, holding in (
-                (Level.HARD, lim.hard_bytes, lim.hard_inodes, self.level is Level.HARD),
-                (Level.SOFT, lim.soft_bytes, lim.soft_inodes, self.level is not Level.OK)):
-            name = level.value
-            if free < limit_bytes:
-                return level, f"free {human_bytes(free)} < {name} limit {human_bytes(limit_bytes)}"
-            if inodes < limit_inodes:
-                return level, f"free inodes {inodes} < {name} limit {limit_inodes}"
-            # Coming back up, a level is left only once free is above it by the hysteresis.
-            if holding and free <= limit_bytes + hb:
-                return level, (f"free {human_bytes(free)} not yet above {name} limit "
-                               f"{human_bytes(limit_bytes)} + {human_bytes(hb)} hysteresis")
-            if holding and inodes <= limit_inodes + hi:
-                return level, f"free inodes {inodes} not yet above {name} limit {limit_inodes} + {hi} hysteresis"
-        return Level.OK, ""
+        return classify(s, self.limits, self.level, hysteresis_bytes=self.hysteresis_bytes,
+                        hysteresis_inodes=self.hysteresis_inodes)
+
+    def verdict(self, s: DiskSample, *, parked: bool = False) -> Verdict:
+        """What ``s`` says by the guard's rule, from its current level, without moving it (the
+        monitor's :meth:`observe` alone moves the level, so every change is emitted once).
+        ``parked``: the campaign is parked for the disk, so coming back takes the way up from
+        SOFT at least (above soft + hysteresis)."""
+        current = Level.SOFT if parked and self.level is Level.OK else self.level
+        level, reason = classify(s, self.limits, current, hysteresis_bytes=self.hysteresis_bytes,
+                                 hysteresis_inodes=self.hysteresis_inodes)
+        return Verdict(level, reason, s.free_bytes, self.limits)
+
+
+def classify(s: DiskSample, lim: Limits, current: Level, *, hysteresis_bytes: int,
+             hysteresis_inodes: int) -> tuple[Level, str]:
+    """THE soft/hard/ok rule (the monitor, the park and the wait for space all use it).
+
+    Enter SOFT below soft and HARD below hard at once; a level held (``current``) is left
+    only once free is above its limit by the hysteresis. A read-only volume is HARD.
+    """
+    if s.read_only:
+        return Level.HARD, f"volume {s.path} is read-only"
+    hb, hi = hysteresis_bytes, hysteresis_inodes
+    free, inodes = s.free_bytes, s.inodes_free
+    for level, limit_bytes, limit_inodes, holding in (
+            (Level.HARD, lim.hard_bytes, lim.hard_inodes, current is Level.HARD),
+            (Level.SOFT, lim.soft_bytes, lim.soft_inodes, current is not Level.OK)):
+        name = level.value
+        if free < limit_bytes:
+            return level, f"free {human_bytes(free)} < {name} limit {human_bytes(limit_bytes)}"
+        if inodes < limit_inodes:
+            return level, f"free inodes {inodes} < {name} limit {limit_inodes}"
+        # Coming back up, a level is left only once free is above it by the hysteresis.
+        if holding and free <= limit_bytes + hb:
+            return level, (f"free {human_bytes(free)} not yet above {name} limit "
+                           f"{human_bytes(limit_bytes)} + {human_bytes(hb)} hysteresis")
+        if holding and inodes <= limit_inodes + hi:
+            return level, f"free inodes {inodes} not yet above {name} limit {limit_inodes} + {hi} hysteresis"
+    return Level.OK, ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One sample judged by :func:`classify`, with what the engine's park message needs."""
+
+    level: Level
+    reason: str
+    free_bytes: int
+    limits: Limits
+
+    def holds(self, level: Level) -> bool:
+        """Whether the volume is still at ``level`` or below (a reclaim did not lift it out)."""
+        return self.level is Level.HARD if level is Level.HARD else level is Level.OK or self.level is not Level.OK
+
+    def park_reason(self, root: Path, level: Level) -> str:
+        """The operator's line for ``level``: ``free 1.2 GiB < soft limit 3.0 GiB on /mnt/vol``."""
+        limit = self.limits.hard_bytes if level is Level.HARD else self.limits.soft_bytes
+        return f"free {human_bytes(self.free_bytes)} < {level.value} limit {human_bytes(limit)} on {root}"
+
+    def fits(self, save_bytes: int) -> bool:
+        """Whether one more save of ``save_bytes`` lands above the hard limit."""
+        return self.free_bytes - self.limits.hard_bytes >= save_bytes
+
+
+async def wait_for_space(path: Path, guard: Guard, *, settle: float, interval: float,
+                         monotonic: Callable[[], float], sampler: Sampler = sample) -> None:
+    """Return once the guard's rule has said OK for ``settle`` seconds in a row (PAUSED_DISK
+    with ``--wait-for-space``): the same rule and hysteresis that parked the campaign."""
+    settled_since: float | None = None
+    while True:
+        if guard.verdict(sampler(path), parked=True).level is Level.OK:
+            settled_since = monotonic() if settled_since is None else settled_since
+            if monotonic() - settled_since >= settle:
+                return
+        else:
+            settled_since = None
+        await anyio.sleep(min(interval, 1.0))
 
 
 # --------------------------------------------------------------------------------------------

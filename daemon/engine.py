@@ -1,12 +1,14 @@
 """The engine: startup -> reconcile -> main loop -> shutdown, in one anyio task group.
 
-Every trigger goes through ONE queue: stage outcomes, signals, control-socket requests,
-disk-guard level changes and checkpoint commits. The main loop takes one event at a
-time, asks the transition table (machine.py) whether the move is legal, persists it
-(journal line, then state.json, then status.json), tells systemd, and spawns the next
-stage as a task. Stages never call the engine; they return an Outcome. Signal receivers
-only enqueue; the loop acts (a second SIGINT while stopping is the one exception: it
-escalates to SIGKILL at once, since the loop is busy stopping).
+Every trigger goes through ONE queue of typed events (events.py): stage outcomes, signals,
+control-socket requests, disk-guard level changes and checkpoint commits (their sources
+are in sources.py). The main loop takes one event at a time, asks the machine what it
+leads to (``machine.decide``: the next state and one action), and carries that out:
+persist the transition (journal line, then state.json, then status.json), tell systemd,
+spawn the next stage as a task, retry after the backoff, or end through the one ordered
+:meth:`Engine.shutdown`. Stages never call the engine; they return an Outcome. Signal
+receivers only enqueue; the loop acts (a second SIGINT while stopping is the one
+exception: it escalates to SIGKILL at once, since the loop is busy stopping).
 
 Start-up order: lock the state dir (one daemon per campaign), load the state (rebuilt
 from the journal, then the disk, when corrupt), find children left by a crashed daemon
@@ -20,8 +22,9 @@ from __future__ import annotations
 import math
 import os
 import signal
-import statistics
 import sys
+from dataclasses import replace
+from functools import partial
 import time
 from pathlib import Path
 from types import ModuleType
@@ -43,18 +46,52 @@ from shoprld.states import (
     val,
 )
 
-from . import bundles
 from . import causes
 from . import checkpoints as ckpt
 from . import disk as diskmod
 from . import saves
+from . import hygiene
+from . import sources
 from .alerts import Alerts
+from .attempts import Attempts
+from .children import Children
+from .crashpoints import maybe_die
+from .diskwatch import DiskWatch
 from .config import Config, ProcessSpec, load_config, resolve_deadline
-from .errors import EXIT_DISK, EXIT_GATE, EXIT_OK, EXIT_STAGE, ConfigError, ShoprldError
+from .errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
 from .layout import Layout
-from .machine import ADVANCE, ROUND_STATES, WORKING_STATES, Machine, State
+from .events import (
+    CheckpointSeen,
+    DiskLevel,
+    Event,
+    HygieneFound,
+    RetryDue,
+    SignalReceived,
+    StageOutcome,
+    StopRequested,
+)
+from .machine import (
+    RETRY,
+    ROUND_STATES,
+    WORKING_STATES,
+    Counters,
+    Deadline,
+    Decision,
+    Ending,
+    Enter,
+    Exit,
+    Fail,
+    Finish,
+    Machine,
+    Park,
+    Retry,
+    RetryPolicy,
+    State,
+    Stop,
+    decide,
+)
 from .notify import Notifier
-from .processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from .processes import CHILD_TAG, Child, ChildRecord, Launcher
 from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
@@ -71,26 +108,6 @@ MODULES: dict[State, ModuleType] = {
     State.INJECT: inject,
     State.NEXT_ROUND: next_round,
 }
-# Fault-injection seam for the crash tests (documented in tests/README.md): a list of
-# STATE:POINT:ROUND entries; at the first matching point not yet fired (a marker file in
-# SHOPRLD_TEST_KILL_DIR), the daemon SIGKILLs itself. POINT is `enter` (transition
-# persisted), `mid` (the stage's first child spawned), `spawn-<role>` (that child spawned
-# and recorded) or `done` (the stage's output is on disk, its outcome not yet persisted).
-_KILL_SPEC = os.environ.get("SHOPRLD_TEST_KILL", "")
-_KILL_DIR = os.environ.get("SHOPRLD_TEST_KILL_DIR", "")
-
-
-def _maybe_die(state: State, point: str, round_index: int) -> None:
-    if not _KILL_SPEC or not _KILL_DIR:
-        return
-    key = f"{state.value}:{point}:{round_index}"
-    if key not in _KILL_SPEC.split(","):
-        return
-    marker = Path(_KILL_DIR) / key.replace(":", "_")
-    if marker.exists():
-        return
-    marker.touch()
-    os.kill(os.getpid(), signal.SIGKILL)
 log = structlog.get_logger("shoprld.engine")
 # How long the daemon waits at exit for queued notifications (the final "done"/"failed").
 ALERT_DRAIN_S = 30.0
@@ -145,19 +162,18 @@ class Engine:
         self.redactor = secrets.redactor
         self.store = Store(layout.state_dir, redactor=self.redactor, status_in_background=True)
         self.machine = Machine()
-        self.send, self.recv = anyio.create_memory_object_stream[tuple[Any, ...]](256)
-        self.children: dict[str, Child] = {}
-        self.adoptable: dict[str, ChildRecord] = {}
+        self.send, self.recv = anyio.create_memory_object_stream[Event](256)
+        self.kids = Children(self.launcher, on_register=self._on_register,
+                             on_unregister=lambda: self._write_status(force=True), journal=self._journal)
+        self.children = self.kids.running  # the same dict: state.json and status list them
         self.shopsim = ShopsimService(witness=layout.state_dir / "shopsim.witness")
         self.val_server = ValServerService()
         self.stop = _Stop()
-        self.round = 0
-        self.attempt = 1
-        self.failures: dict[str, int] = {}
+        # The machine's memory between decisions (round, attempt, retries, a pending park).
+        self.counters = Counters(round=0, rounds=cfg.campaign.rounds)
         self.seq = 0
         self.stage_scope: anyio.CancelScope | None = None
         self.hygiene_warnings: list[str] = []  # the repo hygiene guard's current findings
-        self.park_pending: str | None = None
         self.stopping = False
         self.state_data: dict[str, Any] = {}
         self.snap: dict[str, Any] = {}
@@ -173,17 +189,28 @@ class Engine:
             from .metrics import TextfileMetrics
 
             self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
-        # Per failed attempt (issue 18): the cause of each state's last failure (the policy),
-        # and what the running attempt started with (its log offset, its argv and exit).
-        self.last_cause: dict[str, str] = {}
-        self.attempt_info: dict[str, Any] = {}
-        self.recovering: str | None = None  # set by a failure or an unclean restart; "recovered" on success
+        # Per failed attempt (issue 18): what the running attempt started with (its log offset,
+        # its argv and exit). The cause of each state's last failure is in the counters.
+        self.attempts = Attempts(layout, self.redactor, self._journal)
         self.http: httpx.AsyncClient
-        self._guard: diskmod.Guard | None = None
+        self.disk = DiskWatch(layout.ephemeral_root)
         self.final_message: str | None = None  # the one line `shoprld run` prints on a non-zero exit
         self._round_step_s: tuple[int, float] | None = None  # (round, its median step time)
         self._round_started_at: float | None = None
         self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
+
+    @property
+    def round(self) -> int:
+        """The current round's index (kept in the machine's counters)."""
+        return self.counters.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.counters = replace(self.counters, round=value)
+
+    @property
+    def attempt(self) -> int:
+        return self.counters.attempt
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
@@ -194,9 +221,11 @@ class Engine:
             async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
                 self.http = http
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._signals)
-                    tg.start_soon(self._control)
-                    tg.start_soon(self._watchdog)
+                    tg.start_soon(partial(sources.signals, self.send, stopping=lambda: self.stopping,
+                                          force=self.kids.kill_all))
+                    tg.start_soon(sources.control, self.layout.state_dir / SOCKET_FILE, self.send,
+                                  lambda: self.redactor.obj(self._status_doc()))
+                    tg.start_soon(sources.watchdog, self.notifier)
                     tg.start_soon(self.alerts.run)
                     tg.start_soon(self.alerts.digest_loop, self.store.journal)
                     code = await self._drive(tg)
@@ -244,22 +273,13 @@ class Engine:
         prev_state = data.get("state")
         if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.state_data["counters"]["restarts"] += 1
-            self.recovering = f"the daemon restarted after dying in {prev_state}"
+            self.attempts.recovering = f"the daemon restarted after dying in {prev_state}"
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(self.cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
-        self.round = int(data.get("round") or 0)
-        for role, raw in (data.get("children") or {}).items():
-            try:
-                rec = ChildRecord.from_json(raw)
-            except (TypeError, KeyError):
-                continue
-            if rec.job_id or pid_alive(rec.pid, rec.start_ticks):  # a Ray job: its launcher re-attaches
-                self.adoptable[role] = rec
-        for role, rec in self._tagged_strays().items():
-            self.adoptable.setdefault(role, rec)
-        if self.adoptable:
-            log.info("children.found", roles={r: c.pid for r, c in self.adoptable.items()})
+        self.counters = replace(self.counters, round=int(data.get("round") or 0),
+                                restarts=self.state_data["counters"]["restarts"])
+        self.kids.find_left(data.get("children") or {}, self.layout.state_dir)
         self.snap = {
             "campaign": self.cfg.campaign.name, "experiment": self.cfg.campaign.experiment,
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
@@ -272,27 +292,6 @@ class Engine:
         if last is not None:
             self.snap["last_checkpoint"] = {"iteration": last.iteration, "path": str(last.path), "complete": True,
                                             "bytes": last.bytes, "committed_at": last.committed_at}
-
-    def _tagged_strays(self) -> dict[str, ChildRecord]:
-        """Session leaders carrying this campaign's tag: children whose record a crash lost."""
-        want = f"{CHILD_TAG}={self.layout.state_dir}|".encode()
-        found: dict[str, ChildRecord] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                if os.getsid(pid) != pid:
-                    continue
-                env = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            for item in env.split(b"\0"):
-                if item.startswith(want):
-                    role = item[len(want):].decode(errors="replace")
-                    found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],
-                                              tag=item[len(CHILD_TAG) + 1:].decode(errors="replace"))
-        return found
 
     # -- the main loop -------------------------------------------------------------------
     async def _drive(self, tg: anyio.abc.TaskGroup) -> int:
@@ -307,40 +306,32 @@ class Engine:
                 return code
         return EXIT_OK  # pragma: no cover - the queue never closes while we run
 
-    async def _handle(self, event: tuple[Any, ...]) -> int | None:
-        kind = event[0]
-        if kind == "outcome":
-            _, state, attempt, outcome = event
-            if state is not self.machine.state or self.stopping:
-                return None  # a stage that finished after we moved on (cancelled)
-            return await self._on_outcome(state, attempt, outcome)
-        if kind == "signal":
-            return await self._on_signal(event[1])
-        if kind == "stop":
-            return await self._on_stop(event[1])
-        if kind == "disk":
-            return await self._on_disk(event[1])
-        if kind == "checkpoint":
-            return await self._on_checkpoint(event[1])
-        if kind == "spawn":  # a delayed retry
-            self._spawn(event[1])
-            return None
-        if kind == "hygiene":
-            self._on_hygiene(event[1], event[2])
-            return None
+    async def _handle(self, event: Event) -> int | None:
+        match event:
+            case StageOutcome(state, attempt, outcome):
+                if state is not self.machine.state or self.stopping:
+                    return None  # a stage that finished after we moved on (cancelled)
+                return await self._on_outcome(state, attempt, outcome)
+            case SignalReceived(signum):
+                return await self._on_signal(signum)
+            case StopRequested(mode):
+                return await self._on_stop(mode)
+            case DiskLevel(ev):
+                return await self._on_disk(ev)
+            case CheckpointSeen(ev):
+                return await self._on_checkpoint(ev)
+            case RetryDue(state):  # a retry's backoff has passed
+                self._spawn(state)
+            case HygieneFound(when, found):
+                self._on_hygiene(when, found)
         return None
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
             await self._attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
-            self._alert("failed", str(outcome))
-            self.snap["last_error"] = str(outcome)
-            self._journal("stage.error", state=state.value, error=str(outcome), exit_code=outcome.exit_code)
-            log.error("stage.error", state=state.value, error=str(outcome))
-            self.final_message = str(outcome)
-            return outcome.exit_code
+            return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
         if outcome.kind == "done":
-            _maybe_die(state, "done", self.round)
+            maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
         # covers this line too: one fsync per hand-off instead of two.
         extra = {"step_seconds": self._round_step_s[1]} if state is State.TRAIN and self._round_step_s \
@@ -349,96 +340,62 @@ class Engine:
                       message=outcome.message, **extra)  # the store redacts
         log.info("stage.outcome", state=state.value, attempt=attempt, outcome=outcome.kind, message=outcome.message)
         if outcome.kind == "done":
-            self.failures.pop(state.value, None)
-            self.last_cause.pop(state.value, None)
-            self.attempt = 1
             self._notify_recovered(state)
             if state is State.NEXT_ROUND:
-                self._round_finished()
-            if self.park_pending:
-                return await self._park(self.park_pending)
-            if self.stop.mode == "checkpoint" and state is not State.TRAIN or \
-                    self.stop.mode == "round" and state is State.NEXT_ROUND:
-                return await self._stop_now(EXIT_OK, "requested")
-            return await self._advance(state)
+                self._round_finished(outcome.data.get("records"))
+            return await self._apply(state, Ending("done", outcome.message))
         cause = await self._attempt_failed(state, attempt, outcome) \
             if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
-            assert cause is not None
             if outcome.data.get("stall"):
                 self._alert("stalled", outcome.message)
-            if cause.name in causes.NO_THIRD_TRY and self.last_cause.get(state.value) == cause.name:
-                return await self._fail(f"{state.value} failed twice in a row with {cause.name} ({cause.detail}); "
-                                        f"not retried a third time; fix: {cause.advice}", EXIT_STAGE, "failed")
-            self.last_cause[state.value] = cause.name
-            self.state_data["counters"]["restarts"] += 1
-            n = 0 if outcome.data.get("progressed") else self.failures.get(state.value, 0) + 1
-            self.failures[state.value] = n
-            spec = self._spec(state)
-            self.snap["last_error"] = outcome.message
-            if outcome.data.get("stall"):
                 self.snap["warnings"] = [f"stall: {outcome.message}"]
-            if n > spec.retries:
-                return await self._fail(f"{state.value} failed after {spec.retries + 1} attempts: {outcome.message}",
-                                        EXIT_STAGE, "failed")
-            delay = 0.0 if n == 0 else min(300.0, spec.backoff * 2 ** (n - 1))
-            self.attempt += 1
-            self._transition(state, state, "retry", message=outcome.message, delay=delay)
-            self._spawn(state, delay=delay)
+            self.snap["last_error"] = outcome.message
+        return await self._apply(state, Ending(outcome.kind, outcome.message, cause=cause,
+                                               progressed=bool(outcome.data.get("progressed"))))
+
+    def _decide(self, state: State, ending: Ending) -> Decision:
+        """Ask the machine (machine.decide) what ``ending`` in ``state`` leads to."""
+        if state is State.START_SHOPSIM and ending.kind in ("done", "skipped"):
+            self._reconcile()  # the disk says which round is next; the machine decides the rest
+        deadline = Deadline.of(self.state_data.get("deadline"), list(self.state_data["round_durations"].values()),
+                               self.clock.time())
+        spec = self._spec(state)
+        return decide(state, ending, self.counters, self.stop.mode, deadline, RetryPolicy(spec.retries, spec.backoff))
+
+    async def _apply(self, state: State, ending: Ending) -> int | None:
+        """Carry out the machine's decision: enter the next state (skipping what is on disk),
+        retry after the backoff, or end through :meth:`shutdown`."""
+        d = self._decide(state, ending)
+        self.counters = d.counters
+        self.state_data["counters"]["restarts"] = d.counters.restarts
+        action = d.action
+        if isinstance(action, Retry):
+            self._transition(state, state, RETRY, message=action.message, delay=action.delay)
+            self._spawn(state, delay=action.delay)
             return None
-        if outcome.kind == "disk":
-            reason = f"ENOSPC during {state.value}: {outcome.message}"
-            # A stage can meet a full volume before the monitor's next sample (a sudden fill under
-            # load). The ENOSPC is a hard-limit crossing in its own right: the guard agrees, and the
-            # journal records the crossing, as it does for one the monitor saw.
-            if self._guard is not None and self._guard.force_hard(reason) is not None:
-                s = diskmod.sample(self.layout.ephemeral_root)
-                self._journal("disk.hard_limit", reason=reason, free_bytes=s.avail_bytes, **self._limits_dict())
-            return await self._park(reason)
-        if outcome.kind == "gate_stop":
-            return await self._fail(outcome.message, EXIT_GATE, "gate")
-        return await self._fail(outcome.message, EXIT_STAGE, "failed")
+        if isinstance(action, Enter):
+            assert d.trigger is not None
+            self._transition(state, action.state, d.trigger)
+            if d.trigger in ("next_round", "shopsim_ready"):
+                self._mark_round_started()
+            if not MODULES[action.state].completed(self._ctx()):
+                self._spawn(action.state)
+                return None
+            self._journal("stage.skipped", state=action.state.value, reason="output already on disk")
+            log.info("stage.skipped", state=action.state.value, round=self.round)
+            if action.state is State.NEXT_ROUND:
+                self._round_finished(None)
+            return await self._apply(action.state, Ending("skipped"))
+        if isinstance(action, (Park, Stop, Fail, Finish, Exit)):
+            return await self.shutdown(action, state, d.trigger)
+        return None  # Stay
 
     # -- failure causes, crash bundles, notifications (issue 18) -------------------------------
-    def _attempt_started(self, state: State) -> None:
-        """Remember where this attempt's part of the stage log begins, and when it began."""
-        log_path = self.layout.stage_log(self.round, state.value)
-        try:
-            offset = log_path.stat().st_size
-        except OSError:
-            offset = 0
-        self.attempt_info = {"state": state.value, "log": log_path, "offset": offset,
-                             "monotonic": time.monotonic(), "argv": [], "returncode": None}
-
     async def _attempt_failed(self, state: State, attempt: int, outcome: base.Outcome) -> causes.Cause:
         """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
-        info = self.attempt_info if self.attempt_info.get("state") == state.value else {}
-        log_path: Path = info.get("log") or self.layout.stage_log(self.round, state.value)
-        tail = bundles.read_tail(log_path)
-        try:  # only this attempt's part of the log: an earlier attempt's OOM is not this one's cause
-            size = log_path.stat().st_size
-            tail = tail[max(0, len(tail) - (size - int(info.get("offset", 0)))):]
-        except OSError:
-            pass
-        exit_status = outcome.data.get("returncode", info.get("returncode"))
-        stalled = bool(outcome.data.get("stall"))
-        cause = causes.classify(exit_status=exit_status, log_tail=tail, stalled=stalled,
-                                kernel_log=causes.kernel_log_since(float(info.get("monotonic", 0.0))))
-        rid = base.round_id(self.round)
-        dest = bundles.free_attempt_dir(self.layout.logs, rid, state.value, attempt)
-        problem = await bundles.write_bundle(
-            dest, round_id=rid, state=state.value, attempt=attempt, exit_status=exit_status,
-            cause=cause.to_json(), argv=info.get("argv") or [], message=outcome.message, log_path=log_path,
-            stalled=stalled, redactor=self.redactor, nvidia_smi=self.cfg.gpus.nvidia_smi)
-        if problem:
-            log.warning("bundle.write_failed", error=problem)
-        self.snap["last_failure"] = {"round": self.round, "round_id": rid, "state": state.value, "attempt": attempt,
-                                     "cause": cause.name, "detail": cause.detail, "advice": cause.advice,
-                                     "bundle": str(dest), "at": time.time()}
-        self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
-                      stalled=stalled, bundle=str(dest), message=outcome.message)
-        log.warning("attempt.failed", state=state.value, attempt=attempt, cause=cause.name, bundle=str(dest))
-        self.recovering = f"{state.value} failed ({cause.name})"
+        cause, self.snap["last_failure"] = await self.attempts.failed(
+            state.value, self.round, attempt, outcome.message, outcome.data, nvidia_smi=self.cfg.gpus.nvidia_smi)
         return cause
 
     def _alert(self, event: str, text: str, *, failure: bool = True) -> None:
@@ -451,49 +408,9 @@ class Engine:
     def _notify_recovered(self, state: State) -> None:
         """A round stage completed after a failed attempt or an unclean daemon restart (not
         PREFLIGHT_DISK, which passes before the work that died is retried)."""
-        if self.recovering and state in ROUND_STATES:
-            self._alert("recovered", f"{state.value} completed after {self.recovering}")
-            self.recovering = None
-
-    async def _advance(self, state: State) -> int | None:
-        """Leave ``state`` (done or skipped) and enter the next one, skipping what is on disk."""
-        while True:
-            if state is State.START_SHOPSIM or state is State.NEXT_ROUND:
-                if state is State.NEXT_ROUND:
-                    self.round += 1
-                else:
-                    self._reconcile()
-                if self.round >= self.cfg.campaign.rounds:
-                    self.round = self.cfg.campaign.rounds - 1  # the last round's index, for status
-                    self._transition(state, State.DONE, "finish")
-                    return await self._finish(EXIT_OK, "done")
-                why = self._deadline_says_stop()
-                if why:
-                    self._transition(state, State.DONE, "deadline", message=why)
-                    return await self._finish(EXIT_OK, "deadline")
-                nxt = State.TRAIN
-                self._transition(state, nxt, "next_round" if state is State.NEXT_ROUND else ADVANCE[state])
-                self._mark_round_started()
-            else:
-                nxt = self._next_of(state)
-                self._transition(state, nxt, ADVANCE[state])
-            state = nxt
-            ctx = self._ctx()
-            if MODULES[state].completed(ctx):
-                self._journal("stage.skipped", state=state.value, reason="output already on disk")
-                log.info("stage.skipped", state=state.value, round=self.round)
-                if state is State.NEXT_ROUND:
-                    self._round_finished()
-                continue
-            self._spawn(state)
-            return None
-
-    @staticmethod
-    def _next_of(state: State) -> State:
-        order = list(ROUND_STATES)
-        if state is State.PREFLIGHT_DISK:
-            return State.START_SHOPSIM
-        return order[order.index(state) + 1]
+        if self.attempts.recovering and state in ROUND_STATES:
+            self._alert("recovered", f"{state.value} completed after {self.attempts.recovering}")
+            self.attempts.recovering = None
 
     def _reconcile(self) -> None:
         """The current round: the first one without a ledger row (the disk is the truth)."""
@@ -514,18 +431,19 @@ class Engine:
 
     async def _later(self, state: State, delay: float) -> None:
         await anyio.sleep(delay)
-        await self.send.send(("spawn", state))
+        await self.send.send(RetryDue(state))
 
     async def _stage_task(self, state: State, attempt: int) -> None:
         ctx = self._ctx(attempt=attempt)
         spec = self._spec(state)
         structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
-        self._attempt_started(state)
+        self.attempts.started(state.value, self.round)
         with anyio.CancelScope() as scope:
             self.stage_scope = scope
             outcome: base.Outcome | ShoprldError
             try:
-                await self._stop_strays(state)
+                if state in ROUND_STATES:  # before, the round to resume (and its trainer) is not known
+                    await self.kids.stop_strays(MODULES[state].ADOPTS)
                 with anyio.fail_after(spec.timeout or math.inf):
                     outcome = await MODULES[state].run(ctx)
             except ShoprldError as exc:
@@ -538,24 +456,7 @@ class Engine:
             except Exception as exc:  # a stage bug must not kill the campaign: retry, logged
                 log.exception("stage.crashed", state=state.value)
                 outcome = base.Outcome.retry(f"{type(exc).__name__}: {exc}")
-            await self.send.send(("outcome", state, attempt, outcome))
-
-    async def _stop_strays(self, state: State) -> None:
-        """Children a crashed daemon left that this round state will not adopt are stopped now.
-
-        Only round states decide: during PREFLIGHT_DISK and START_SHOPSIM the round to resume
-        is not known yet, and a running trainer must survive until TRAIN adopts it.
-        """
-        if state not in ROUND_STATES:
-            return
-        for role in list(self.adoptable):
-            if role == "shopsim" or role in MODULES[state].ADOPTS:
-                continue
-            rec = self.adoptable.pop(role)
-            child = self.launcher.adopt(rec)
-            if child is not None:
-                log.info("child.stray_stopped", role=role, pid=rec.pid)
-                await child.stop(10.0)
+            await self.send.send(StageOutcome(state, attempt, outcome))
 
     def _spec(self, state: State) -> ProcessSpec:
         c = self.cfg
@@ -569,139 +470,112 @@ class Engine:
                          python=self.python, demo_dir=self.demo_dir, base_env=self.base_env)
         return base.RoundContext(
             plan=plan, launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
-            val_server=self.val_server, emit=self._emit, register_child=self._register,
-            unregister_child=self._unregister, find_child=self._find_child, stop=self.stop,
+            val_server=self.val_server, emit=self._emit, register_child=self.kids.register,
+            unregister_child=self.kids.unregister, find_child=self.kids.find, stop=self.stop,
             attempt=self.attempt if attempt is None else attempt,
         )
 
-    # -- children ---------------------------------------------------------------------------
-    def _register(self, child: Child) -> None:
-        self.children[child.record.role] = child
+    # -- children (daemon/children.py owns them) ---------------------------------------------
+    def _on_register(self, child: Child) -> None:
         self._persist()
-        _maybe_die(self.machine.state, "mid", self.round)
-        _maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
-
-    def _unregister(self, child: Child) -> None:
-        if self.children.get(child.record.role) is child:
-            del self.children[child.record.role]
-            # Not persisted here: the next transition or spawn writes state.json anyway, and a
-            # stale record of an exited child is harmless (adoption checks pid + start time).
-            self._write_status(force=True)
-
-    def _find_child(self, role: str) -> Child | None:
-        child = self.children.get(role)
-        if child is not None and child.alive():
-            return child
-        rec = self.adoptable.pop(role, None)
-        if rec is not None:
-            adopted = self.launcher.adopt(rec)
-            if adopted is not None:
-                log.info("child.adopted", role=role, pid=rec.pid)
-                self._journal("child.adopted", role=role, pid=rec.pid)
-                self._register(adopted)
-                return adopted
-        return None
+        maybe_die(self.machine.state, "mid", self.round)
+        maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
 
     async def _stop_children(self, *, force: bool = False) -> None:
-        """Stop every child (trainer first: it holds the GPUs and writes the volume)."""
-        self.shopsim.closing = True
-        order = sorted(self.children.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
-        for child in order:
-            if child.record.role == "shopsim":
-                self.shopsim.vouch(self.layout.save_dir)  # the trainer is stopped: all it saved ran against this ShopSim
-                if self.shopsim.external:
-                    continue
-            if force:
-                child.signal_group(signal.SIGKILL)
-            await child.stop(0.0 if force else self._grace(child.record.role))
-        self.children.clear()
-        for role, rec in list(self.adoptable.items()):
-            adopted = self.launcher.adopt(rec)
-            if adopted is not None:
-                await adopted.stop(0.0 if force else 10.0)
-        self.adoptable.clear()
+        await self.kids.stop_all(self.cfg, self.shopsim, lambda: self.shopsim.vouch(self.layout.save_dir), force=force)
 
-    def _grace(self, role: str) -> float:
-        c = self.cfg
-        return {"trainer": c.train.grace, "shopsim": c.shopsim.grace, "val_server": c.val.server_grace,
-                "sidecar": c.sidecar.grace}.get(role, 10.0)
+    # -- every ending: stop, park, fail, finish, exit ------------------------------------------
+    async def shutdown(self, ending: Park | Stop | Fail | Finish | Exit, src: State | None = None,
+                       trigger: str | None = None) -> int | None:
+        """End the campaign (or park it) in one order, as uvicorn's ``Server.shutdown`` does:
+        stop taking work, drain the children, record the end, tell the operator.
 
-    # -- stopping, parking, failing -----------------------------------------------------------
-    async def _cancel_stage(self) -> None:
+        Returns the exit code, or None when a disk park with ``--wait-for-space`` resumed.
+        """
+        src = src or self.machine.state
+        # 1. Stop taking work: no stage may start or finish from now on.
+        if isinstance(ending, Stop):
+            self.notifier.stopping()
+        if isinstance(ending, Park) and ending.enospc:
+            crossing = self.disk.enospc(ending.reason, self.cfg.disk, self._checkpoint_bytes())
+            if crossing is not None:  # journaled as the monitor's crossings are
+                self._journal("disk.hard_limit", **crossing)
         self.stopping = True
         if self.stage_scope is not None:
             self.stage_scope.cancel()
+        # 2. Drain: the children stop (trainer first); a park frees what it may.
+        fields: dict[str, Any] = {"resume_from": {"round": self.round, "state": src.value}} \
+            if isinstance(ending, Stop) else {}
+        if isinstance(ending, Park):
+            diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
+        if not isinstance(ending, Exit):  # a stage's configuration error leaves ShopSim for the next start
+            await self._stop_children()
+        if isinstance(ending, Park):
+            freed = self._reclaim(trainer_running=False)
+            sample = diskmod.sample(self.layout.ephemeral_root)
+            fields = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
+                      **self.disk.limit_fields(self.cfg.disk, self._checkpoint_bytes())}
+        # 3. Record: the end in status, the journal and state.json.
+        self._record_ending(ending, src, trigger, fields)
+        # 4. Tell: the log, the operator's notification, the line `shoprld run` prints.
+        return await self._tell_ending(ending, fields)
 
-    async def _stop_now(self, code: int, reason: str) -> int:
-        self.notifier.stopping()
-        await self._cancel_stage()
-        await self._stop_children()
-        resume = {"round": self.round, "state": self.machine.state.value}
-        self._transition(self.machine.state, State.STOPPED, "stop", message=reason, resume_from=resume)
-        self.snap["stop_reason"] = reason
+    def _record_ending(self, ending: Park | Stop | Fail | Finish | Exit, src: State, trigger: str | None,
+                       fields: dict[str, Any]) -> None:
+        if isinstance(ending, Stop):
+            self.snap["stop_reason"] = ending.reason
+            self._transition(src, State.STOPPED, "stop", message=ending.reason, **fields)
+        elif isinstance(ending, Fail):
+            self.snap["last_error"] = ending.message
+            self.snap["stop_reason"] = ending.reason
+            self._transition(src, State.FAILED, "fail", message=ending.message, exit_code=ending.code)
+        elif isinstance(ending, Park):
+            self.snap["stop_reason"] = "disk"
+            self.snap["last_error"] = ending.reason
+            self._transition(src, State.PAUSED_DISK, "park_disk", message=ending.reason, **fields)
+        elif isinstance(ending, Finish):
+            self.snap["stop_reason"] = ending.reason
+            self.snap["last_error"] = None  # recovered from; the journal keeps the history
+            extra = {"message": ending.message} if ending.message else {}
+            self._transition(src, State.DONE, trigger or "finish", **extra)
+        else:
+            self.snap["last_error"] = ending.message
+            self._journal("stage.error", state=src.value, error=ending.message, exit_code=ending.code)
         self._write_status(force=True)
-        self._alert("stopped", f"stopped ({reason}); resumes from {resume['state']}", failure=False)
-        log.info("daemon.stopped", reason=reason, resume_from=resume)
-        return code
 
-    async def _fail(self, message: str, code: int, reason: str) -> int:
-        self.snap["last_error"] = message
-        self.snap["stop_reason"] = reason
-        await self._cancel_stage()
-        await self._stop_children()
-        self._transition(self.machine.state, State.FAILED, "fail", message=message, exit_code=code)
-        log.error("campaign.failed", message=message, exit_code=code)
-        self._alert("gate_stop" if reason == "gate" else "failed", message, failure=reason != "gate")
-        self.final_message = message
-        return code
-
-    async def _finish(self, code: int, reason: str) -> int:
-        self.snap["stop_reason"] = reason
-        self.snap["last_error"] = None  # recovered from; the journal keeps the history
-        await self._stop_children()
-        self._persist()
-        log.info("campaign.done", reason=reason, rounds=self.cfg.campaign.rounds)
-        self._alert("done", f"done ({reason}): {len(self.snap.get('rounds_done', []))} of "
-                    f"{self.cfg.campaign.rounds} rounds", failure=False)
-        return code
-
-    async def _park(self, reason: str) -> int | None:
-        """PAUSED_DISK: reclaim first; if still short, release the ballast, stop, persist, exit 4."""
-        self.park_pending = None
-        await self._cancel_stage()
-        diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
-        await self._stop_children()
-        freed = self._reclaim(trainer_running=False)
-        sample = diskmod.sample(self.layout.ephemeral_root)
-        numbers = {"free_bytes": sample.avail_bytes, "inodes_free": sample.inodes_free, "reclaimed_bytes": freed,
-                   **self._limits_dict()}
-        self.snap["stop_reason"] = "disk"
-        self.snap["last_error"] = reason
-        self._transition(self.machine.state, State.PAUSED_DISK, "park_disk", message=reason, **numbers)
-        log.warning("disk.parked", reason=reason, **numbers)
-        self._alert("parked", f"parked in PAUSED_DISK: {reason}", failure=False)
+    async def _tell_ending(self, ending: Park | Stop | Fail | Finish | Exit, fields: dict[str, Any]) -> int | None:
+        if isinstance(ending, Stop):
+            resume = fields["resume_from"]
+            self._alert("stopped", f"stopped ({ending.reason}); resumes from {resume['state']}", failure=False)
+            log.info("daemon.stopped", reason=ending.reason, resume_from=resume)
+            return ending.code
+        if isinstance(ending, Fail):
+            log.error("campaign.failed", message=ending.message, exit_code=ending.code)
+            self._alert("gate_stop" if ending.reason == "gate" else "failed", ending.message,
+                        failure=ending.reason != "gate")
+            self.final_message = ending.message
+            return ending.code
+        if isinstance(ending, Finish):
+            log.info("campaign.done", reason=ending.reason, rounds=self.cfg.campaign.rounds)
+            self._alert("done", f"done ({ending.reason}): {len(self.snap.get('rounds_done', []))} of "
+                        f"{self.cfg.campaign.rounds} rounds", failure=False)
+            return EXIT_OK
+        if isinstance(ending, Exit):
+            log.error("stage.error", state=self.machine.state.value, error=ending.message)
+            self._alert("failed", ending.message)
+            self.final_message = ending.message
+            return ending.code
+        log.warning("disk.parked", reason=ending.reason, **fields)
+        self._alert("parked", f"parked in PAUSED_DISK: {ending.reason}", failure=False)
         if not self.wait_for_space:
-            self.final_message = (f"parked in PAUSED_DISK: {reason}; fix: free space on "
+            self.final_message = (f"parked in PAUSED_DISK: {ending.reason}; fix: free space on "
                                   f"{self.layout.ephemeral_root}, then run again (or use --wait-for-space)")
             return EXIT_DISK
-        await self._wait_for_space()
+        await self.disk.wait_for_space(self.cfg.disk, self._checkpoint_bytes(), self.clock.monotonic)
         self.stopping = False
         self._transition(State.PAUSED_DISK, State.PREFLIGHT_DISK, "resume", message="space is back")
         self._spawn(State.PREFLIGHT_DISK)
         return None
-
-    async def _wait_for_space(self) -> None:
-        limits = self._limits()
-        settled_since: float | None = None
-        while True:
-            s = diskmod.sample(self.layout.ephemeral_root)
-            if s.avail_bytes > limits.soft_bytes:
-                settled_since = settled_since or self.clock.monotonic()
-                if self.clock.monotonic() - settled_since >= self.cfg.disk.settle:
-                    return
-            else:
-                settled_since = None
-            await anyio.sleep(min(self.cfg.disk.interval, 1.0))
 
     def _reclaim(self, *, trainer_running: bool) -> int:
         """Delete what this campaign may: checkpoints outside retention, partials (only when no
@@ -720,39 +594,18 @@ class Engine:
         return freed
 
     # -- event sources ------------------------------------------------------------------------------
-    async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGINT and self.stopping:
-                    log.warning("daemon.force_stop")
-                    for child in list(self.children.values()):
-                        child.signal_group(signal.SIGKILL)
-                    continue
-                await self.send.send(("signal", signum))
-
     async def _on_signal(self, signum: int) -> int | None:
         if signum == signal.SIGHUP:
             self._reload()
             return None
         log.info("daemon.signal", signal=signal.Signals(signum).name)
-        return await self._stop_now(EXIT_OK, "requested")
-
-    # Sections whose change would move files or change what a round is: not reloadable.
-    STRUCTURAL = ("campaign", "storage", "gpus")
+        return await self._apply(self.machine.state, Ending("stop"))
 
     def _reload(self) -> None:
-        """SIGHUP: re-read the campaign file; apply it when only non-structural sections changed
-        (limits, intervals, timeouts, retries, stall and gate policy, commands). Stages started
-        from now on see it; the running one keeps what it started with."""
-        try:
-            new = load_config(self.cfg.source)
-        except ShoprldError as exc:
-            log.warning("config.reload_rejected", error=str(exc))
-            return
-        changed = [k for k in self.STRUCTURAL if getattr(new, k) != getattr(self.cfg, k)]
-        if changed:
-            log.warning("config.reload_rejected", error=f"structural sections changed: {', '.join(changed)}; "
-                        "restart the daemon to apply them")
+        """SIGHUP: stages started from now on see the re-read campaign file (sources.reloaded
+        says when it applies); the running one keeps what it started with."""
+        new = sources.reloaded(self.cfg)
+        if new is None:
             return
         self.cfg = new
         self.base_env = self.layout.child_env(new)
@@ -762,7 +615,7 @@ class Engine:
     async def _on_stop(self, mode: str) -> int | None:
         self._journal("stop.requested", mode=mode)
         if mode == "now":
-            return await self._stop_now(EXIT_OK, "requested")
+            return await self._apply(self.machine.state, Ending("stop"))
         self.stop.mode = mode
         if mode == "checkpoint" and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.cfg.train.stall_min)
@@ -776,113 +629,46 @@ class Engine:
         self._journal("checkpoint.committed", iteration=ev["iteration"], bytes=ev.get("bytes"),
                       latency_ms=ev.get("latency_ms"))
         self._write_status(force=True)
-        if self._guard is not None:  # limits follow the measured checkpoint size
-            self._guard.limits = self._limits()
+        self.disk.follow_checkpoint(self.cfg.disk, self._checkpoint_bytes())
         if self.machine.state is State.TRAIN:  # issue 17: a save supersedes the round's older ones
             deleted, freed = saves.prune_superseded(self.cfg, self.layout, self.round)
             if deleted:
                 self._journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")
-        if self.machine.state is State.TRAIN:
-            if self.park_pending:
-                return await self._park(self.park_pending)
-            if self.stop.mode == "checkpoint":
-                return await self._stop_now(EXIT_OK, "requested")
-        return None
+        return await self._apply(self.machine.state, Ending("checkpoint"))
 
-    async def _watch_checkpoints(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        watcher = ckpt.CheckpointWatcher(self.layout.save_dir, mode=self.cfg.train.watch,
-                                         poll_interval=self.cfg.train.poll_interval,
-                                         rescan_interval=self.cfg.train.rescan_interval)
+    def _checkpoint_bytes(self) -> int | None:
+        """The last committed checkpoint's measured size (None before the first)."""
+        return (self.snap.get("last_checkpoint") or {}).get("bytes") or None
 
-        async def emit(ev: dict[str, Any]) -> None:
-            log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
-            await self.send.send(("checkpoint", ev))
-
-        await watcher.run(emit, task_status=task_status)
-
-    def _limits(self) -> diskmod.Limits:
-        last = self.snap.get("last_checkpoint") or {}
-        size = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
-        total = diskmod.sample(self.layout.ephemeral_root).total_bytes
-        return diskmod.limits(total, size, soft_override=self.cfg.disk.soft_limit,
-                              hard_override=self.cfg.disk.hard_limit)
-
-    def _limits_dict(self) -> dict[str, int]:
-        lim = self._limits()
-        return {"soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes}
-
-    async def _disk_monitor(self) -> None:
-        guard = self._guard = diskmod.Guard(self._limits(), hysteresis_bytes=self.cfg.disk.hysteresis)
-
-        async def emit(ev: dict[str, Any]) -> None:
-            if ev["event"] == "disk.sample":
-                lim = guard.limits
-                self.snap["disk"] = {"path": str(self.layout.ephemeral_root), "total_bytes": ev.get("total_bytes"),
-                                     "free_bytes": ev.get("free_bytes"), "inodes_free": ev.get("inodes_free"),
-                                     "soft_limit_bytes": lim.soft_bytes, "hard_limit_bytes": lim.hard_bytes,
-                                     "level": guard.level.name.lower(), "sampled_at": time.time()}
-                return
-            await self.send.send(("disk", ev))
-
-        await diskmod.monitor(self.layout.ephemeral_root, guard, emit, interval=self.cfg.disk.interval)
+    def _disk_sampled(self, line: dict[str, Any]) -> None:
+        self.snap["disk"] = line
 
     async def _on_disk(self, ev: dict[str, Any]) -> int | None:
+        """The monitor's level change (disk.py's verdict): reclaim what this campaign may, ask
+        the same guard whether that lifted the volume out of the level (same rule, same
+        hysteresis), and let the machine decide what the level means now."""
         name = ev["event"]  # the monitor already logged it
         self._journal(name, **{k: v for k, v in ev.items() if k != "event"})
         if self.machine.state not in MODULES or self.stopping:
             return None
         if name == "disk.ok":
-            self.park_pending = None
-            return None
-        limits = self._limits()
+            return await self._apply(self.machine.state, Ending("disk_ok"))
+        level = diskmod.Level.HARD if name == "disk.hard_limit" else diskmod.Level.SOFT
         self._reclaim(trainer_running=self.machine.state is State.TRAIN)
-        free = diskmod.sample(self.layout.ephemeral_root).avail_bytes
-        if name == "disk.hard_limit":
-            if free > limits.hard_bytes + self.cfg.disk.hysteresis:
-                log.info("disk.recovered_by_reclaim", free_bytes=free)
-                return None
-            return await self._park(f"free {diskmod.human_bytes(free)} < hard limit {diskmod.human_bytes(limits.hard_bytes)} on "
-                                    f"{self.layout.ephemeral_root}")
-        if free > limits.soft_bytes + self.cfg.disk.hysteresis:
+        verdict = self.disk.judge()
+        if verdict is None:  # no guard before the monitor runs: nothing sent this event
             return None
-        reason = f"free {diskmod.human_bytes(free)} < soft limit {diskmod.human_bytes(limits.soft_bytes)} on {self.layout.ephemeral_root}"
-        last = self.snap.get("last_checkpoint") or {}
-        next_save = int(last.get("bytes") or self.cfg.disk.checkpoint_estimate)
-        if self.machine.state is State.TRAIN and free - limits.hard_bytes < next_save:
-            return await self._park(reason + "; the next save cannot fit")
-        # Let the in-flight save (TRAIN) or the current stage finish, then park.
-        self.park_pending = reason
-        if self.machine.state is State.TRAIN:
+        if not verdict.holds(level):
+            log.info("disk.recovered_by_reclaim", free_bytes=verdict.free_bytes)
+            return None
+        next_save = int(self._checkpoint_bytes() or self.cfg.disk.checkpoint_estimate)
+        reason = verdict.park_reason(self.layout.ephemeral_root, level)
+        ending = Ending("disk_hard", reason) if level is diskmod.Level.HARD else \
+            Ending("disk_soft", reason, fits=verdict.fits(next_save))
+        code = await self._apply(self.machine.state, ending)
+        if self.counters.park_pending and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.cfg.train.stall_min)
-        return None
-
-    async def _control(self) -> None:
-        from .control import ControlServer
-
-        async def handler(request: dict[str, Any]) -> dict[str, Any]:
-            cmd = request.get("cmd")
-            if cmd == "status":
-                return {"ok": True, "status": self.redactor.obj(self._status_doc())}
-            if cmd == "stop":
-                mode = request.get("mode", "now")
-                if mode not in ("now", "checkpoint", "round"):
-                    return {"ok": False, "error": f"unknown stop mode {mode!r}"}
-                await self.send.send(("stop", mode))
-                return {"ok": True, "mode": mode}
-            return {"ok": False, "error": f"unknown command {cmd!r}"}
-
-        try:
-            await ControlServer(self.layout.state_dir / SOCKET_FILE, handler).serve()
-        except Exception as exc:  # e.g. a state dir path too long for AF_UNIX: status still works from files
-            log.warning("control.unavailable", error=f"{type(exc).__name__}: {exc}")
-
-    async def _watchdog(self) -> None:
-        interval = self.notifier.watchdog_interval()
-        if not interval:
-            return
-        while True:
-            self.notifier.watchdog()
-            await anyio.sleep(interval)
+        return code
 
     # -- persistence and status ----------------------------------------------------------------------
     def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
@@ -899,7 +685,7 @@ class Engine:
         log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
         self._persist()
-        _maybe_die(dst, "enter", self.round)
+        maybe_die(dst, "enter", self.round)
         self.notifier.status_of(self.snap)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
@@ -913,8 +699,9 @@ class Engine:
         add_file_handler(self.layout.logs / "shoprld.log")
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
-            self.tg.start_soon(self._watch_checkpoints)
-            self.tg.start_soon(self._disk_monitor)
+            self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)
+            self.tg.start_soon(self.disk.monitor, self.cfg.disk, self._checkpoint_bytes(), self._disk_sampled,
+                               lambda ev: self.send.send(DiskLevel(ev)))
             self.tg.start_soon(self.shopsim.supervise, self._ctx)
 
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
@@ -1036,9 +823,9 @@ class Engine:
             if event == "save.interval":
                 self.snap["saves"] = fields
         elif event == "stage.exit":
-            self.attempt_info["returncode"] = fields.get("returncode")
+            self.attempts.info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
-            self.attempt_info["argv"] = fields.get("argv") or []  # already redacted by the stage
+            self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
             if fields.get("role") == "shopsim":
                 self._write_status(force=True)
@@ -1060,19 +847,15 @@ class Engine:
             atomic_write_json(path, rec)
         self._round_started_at = _num(rec.get("started_at"))
 
-    def _round_finished(self) -> None:
+    def _round_finished(self, records: next_round.RoundRecords | None) -> None:
+        """The round is recorded: its line in ``rounds_done``, its duration, the operator's note.
+        ``records``: what NEXT_ROUND read (None when it was skipped: then the stage reads them)."""
         ctx = self._ctx()
-        started = ctx.read_record("round") or {}
-        summary = base.read_json(ctx.plan.bare_val_dir / "summary.json") or {}
-        primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
-        gate_rec = ctx.read_record("gate") or {}
-        inject_rec = ctx.read_record("inject") or {}
-        duration = self.clock.time() - float(started["started_at"]) if started.get("started_at") else None
+        read = records or next_round.records(ctx)
+        started_at = read.started.get("started_at")
+        duration = self.clock.time() - float(started_at) if started_at else None
         done = [r for r in self.snap.get("rounds_done", []) if r.get("round") != self.round]
-        done.append({"round": self.round, "val": primary.get("success_rate") if primary else None,
-                     "metric_name": "success_rate", "gate": gate_rec.get("decision"),
-                     "analysis": gate_rec.get("analysis_status"),
-                     "branch": inject_rec.get("branch"), "duration_seconds": duration})
+        done.append({"round": self.round, **read.result(), "duration_seconds": duration})
         self.snap["rounds_done"] = sorted(done, key=lambda r: r["round"])
         log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
@@ -1081,8 +864,8 @@ class Engine:
         self._journal(ROUND_DONE_EVENT, sync=False, **done[-1])
         self.store.append_round(done[-1])
         self._persist()
-        val = f"{primary.get('success_rate')}" if primary else "n/a"
-        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {gate_rec.get('decision', '?')}",
+        val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
+        self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",
                     failure=False)
         self._check_hygiene(f"after {ctx.round_id}")
 
@@ -1091,17 +874,8 @@ class Engine:
         self.tg.start_soon(self._hygiene_task, when)
 
     async def _hygiene_task(self, when: str) -> None:
-        import anyio.to_thread
-
-        from .hygiene import lines, scan_repo
-
         roots = {self.layout.repo, self.layout.project_root}  # project_root: the tools' default output
-        limit = self.cfg.storage.repo_hygiene_max
-        # Abandoned on cancel: a scan in flight must not delay shutdown.
-        found = await anyio.to_thread.run_sync(
-            lambda: list(dict.fromkeys(w for r in sorted(roots) for w in lines(scan_repo(r, limit)))),
-            abandon_on_cancel=True)
-        await self.send.send(("hygiene", when, found))
+        await self.send.send(HygieneFound(when, await hygiene.scan_roots(roots, self.cfg.storage.repo_hygiene_max)))
 
     def _on_hygiene(self, when: str, found: list[str]) -> None:
         """Journal each new finding once; status shows the current ones."""
@@ -1111,21 +885,6 @@ class Engine:
                 self._journal("repo.hygiene", when=when, warning=w)
         self.hygiene_warnings = found
         self._write_status(force=True)
-
-    def _deadline_says_stop(self) -> str | None:
-        deadline = self.state_data.get("deadline")
-        if not deadline:
-            return None
-        durations = list(self.state_data["round_durations"].values())
-        need = statistics.median(durations) if durations else 0.0
-        now = self.clock.time()
-        if now + need > deadline:
-            return (f"deadline: {base.round_id(self.round)} needs ~{need:.0f}s but only "
-                    f"{max(0.0, deadline - now):.0f}s are left")
-        return None
-
-
-
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

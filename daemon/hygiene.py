@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio.to_thread
+
 DEFAULT_ALLOWED = ("reports/shoprld", ".env")
 CACHE_DIRS = (".cache", "wandb", "__pycache__", ".triton", ".ray", "ray_results", "huggingface", ".huggingface")
 WEIGHT_GLOBS = ("*.safetensors", "*.pt", "*.pth", "*.distcp", "*.ckpt")
@@ -217,3 +219,14 @@ def _human(n: int) -> str:
             break
         v, unit = v / 1024, u
     return f"{n} B" if unit == "B" else f"{v:.1f} {unit}"
+
+
+async def scan_roots(roots: Iterable[Path], max_bytes: int) -> list[str]:
+    """The findings of every root, one line each, without duplicates, scanned in a worker thread.
+
+    The engine runs this as a task (before the first stage and after each round) and sends
+    the result to its queue. Abandoned on cancel: a scan in flight must not delay shutdown.
+    """
+    return await anyio.to_thread.run_sync(
+        lambda: list(dict.fromkeys(w for r in sorted(roots) for w in lines(scan_repo(r, max_bytes)))),
+        abandon_on_cancel=True)

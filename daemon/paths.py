@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
+def round_id(index: int) -> str:
+    """A round's name in files, records and messages: ``round-000`` for index 0."""
+    return f"round-{index:03d}"
+
+
 def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) -> Path:
     """$STATE_DIRECTORY under systemd, else the system unit's dir when it exists (so that
     `shoprld status` run by hand finds a campaign systemd runs), else

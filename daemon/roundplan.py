@@ -46,13 +46,9 @@ from . import saves
 from .condaenv import activation_argv
 from .config import Config, ProcessSpec, expand, expand_vars
 from .layout import Layout
+from .paths import round_id
 from .secrets import Secrets
 from .store import read_json  # noqa: F401  (re-exported: the stages read records with it)
-
-
-def round_id(index: int) -> str:
-    """The round's name in every path and record: ``round-NNN``."""
-    return f"round-{index:03d}"
 
 
 def demo_dir() -> Path:

@@ -63,6 +63,7 @@ from . import checkpoints as ckpt
 from . import disk
 from .config import Config, SavesSection
 from .layout import Layout
+from .paths import round_id
 from .preflight import forecast_for, limits_for
 from .store import Store, atomic_write_json, read_json
 
@@ -238,8 +239,8 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
 
 # -- reading the world, once per launch ------------------------------------------------------------
 def record_path(layout: Layout, round_index: int) -> Path:
-    """The round's last choice (the round id as ``states.base.round_id`` spells it)."""
-    return layout.artifacts / "saves" / f"round-{round_index:03d}.json"
+    """The round's last choice."""
+    return layout.artifacts / "saves" / f"{round_id(round_index)}.json"
 
 
 def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned: bool = False) -> str:

@@ -50,6 +50,7 @@ from . import gpus
 from .config import ProcessSpec
 from .errors import StageFailed
 from .processes import Child, ChildHost, wait_port_free
+from .retry import Backoff
 from .roundplan import RoundPlan, host_port, read_json
 from .store import replace_json
 
@@ -90,6 +91,7 @@ CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
 HEALTH_INTERVAL = 5.0
 # A "ready" answer this recent (s) is not asked again (wait_ready right after recover_leaks).
 FRESH_READY_S = 0.5
+SHOPSIM_BACKOFF_CAP_S = 30.0  # ShopSim restarts wait at most this long (stages: retry.STAGE_BACKOFF_CAP_S)
 # How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
 # (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
 def _supervise_interval() -> float:
@@ -113,7 +115,7 @@ class ShopsimService:
         self.free_slots: int | None = None
         self.environment_slots: int | None = None  # as the service reports it
         self.checked_at: float | None = None
-        self.restarts = 0
+        self.restarts = 0  # this service's count for the one backoff rule (daemon/retry.py)
         self.external = False  # healthy before we started anything: not ours to stop
         self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
         self.witness = witness
@@ -290,7 +292,7 @@ class ShopsimService:
             if self.external:
                 return f"shopsim at {plan.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
             await self.stop(plan, host)
-            await anyio.sleep(min(30.0, plan.cfg.shopsim.backoff * 2 ** min(self.restarts - 1, 5)))
+            await anyio.sleep(Backoff(plan.cfg.shopsim.backoff, SHOPSIM_BACKOFF_CAP_S, max_doublings=5).delay(self.restarts))
             return await self._ensure_ready(plan, host, settle=False)
 
     async def recover_leaks(self, plan: RoundPlan, host: ServiceHost, *, reason: str) -> str | None:

@@ -27,8 +27,9 @@ from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon.config import Config, ProcessSpec
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.machine import State
+from shoprld.daemon.paths import round_id as round_id  # re-exported: stages and commands name it here
 from shoprld.daemon.processes import Child, Clock, Launcher, SystemClock
-from shoprld.daemon.roundplan import RoundPlan, RoundValues, read_json, round_id
+from shoprld.daemon.roundplan import RoundPlan, RoundValues, read_json
 from shoprld.daemon.secrets import Secrets
 
 if TYPE_CHECKING:

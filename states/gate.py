@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from shoprld.daemon.machine import State
+from shoprld.daemon.retry import may_retry
 from shoprld.daemon.store import atomic_write_json
 from shoprld.daemon.toolfiles import Analysis, GateResult, read_analysis, read_gate
 from shoprld.daemon.toolout import ToolOutputError
@@ -76,7 +77,7 @@ async def run(ctx: RoundContext) -> Outcome:
                  analyst_errors=analysis.analyst_errors, policy=cfg.empty_analysis,
                  fix="check the analyst's key (BAILIAN_API_KEY in .env) and the ShopSim URL in "
                      "configs/trace2skill_cold_start.yaml")
-        if cfg.empty_analysis == "retry" and ctx.attempt <= cfg.retries:
+        if cfg.empty_analysis == "retry" and may_retry(ctx.attempt, cfg.retries):
             ctx.archive(analysis_dir / "analysis_summary.json", "silently empty analysis; policy retry")
             return Outcome.retry(f"{analysis.note()}; gate.empty_analysis = retry")
         if cfg.empty_analysis == "stop":
@@ -127,7 +128,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if result.dropped:
         ctx.emit("gate.dropped_pairs", dropped=result.dropped, observations=result.observations,
                  requested=result.requested, note="complete: the gate drops unpaired episodes")
-    if decision == "incomplete" and cfg.policy == "retry" and ctx.attempt <= cfg.retries:
+    if decision == "incomplete" and cfg.policy == "retry" and may_retry(ctx.attempt, cfg.retries):
         ctx.archive(gate_dir, "gate incomplete; policy retry")
         return Outcome.retry("gate incomplete; policy retry")
     history_lost = analysis.kind == "failed"

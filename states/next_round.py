@@ -9,6 +9,8 @@ this campaign's save dir are deleted, each logged with its size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
 from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon.bundles import causes_of_round
@@ -30,13 +32,36 @@ def completed(ctx: RoundContext) -> bool:
     return ledger(ctx).has_round(ctx.round)
 
 
+@dataclass(frozen=True)
+class RoundRecords:
+    """The round's records, read once: the bare val's summary, the gate, INJECT, the start."""
+
+    summary: dict[str, Any]
+    primary: dict[str, Any]
+    gate: dict[str, Any]
+    inject: dict[str, Any]
+    started: dict[str, Any]
+
+    def result(self) -> dict[str, Any]:
+        """The round's line in status's ``rounds_done`` (the engine adds the duration)."""
+        return {"val": self.primary.get("success_rate") if self.primary else None,
+                "metric_name": "success_rate", "gate": self.gate.get("decision"),
+                "analysis": self.gate.get("analysis_status"), "branch": self.inject.get("branch")}
+
+
+def records(ctx: RoundContext) -> RoundRecords:
+    """Read the round's records (the stage's inputs; the engine gets them in the Outcome, or
+    from here when the stage was skipped, and never reads the files itself)."""
+    summary = read_json(ctx.plan.bare_val_dir / "summary.json") or {}
+    primary: dict[str, Any] = summary["primary"] if isinstance(summary.get("primary"), dict) else {}
+    return RoundRecords(summary, primary, ctx.read_record("gate") or {}, ctx.read_record("inject") or {},
+                        ctx.read_record("round") or {})
+
+
 async def run(ctx: RoundContext) -> Outcome:
     lay = ctx.layout
-    summary = read_json(ctx.plan.bare_val_dir / "summary.json") or {}
-    primary = summary.get("primary") if isinstance(summary.get("primary"), dict) else {}
-    gate = ctx.read_record("gate") or {}
-    inject = ctx.read_record("inject") or {}
-    started = ctx.read_record("round") or {}
+    read = records(ctx)
+    summary, primary, gate, inject, started = read.summary, read.primary, read.gate, read.inject, read.started
     elapsed = (ctx.clock.time() - float(started["started_at"])) / 60 if started.get("started_at") else ""
     git = git_info(lay.repo)
     checkpoint = ctx.plan.checkpoint_dir
@@ -54,7 +79,7 @@ async def run(ctx: RoundContext) -> Outcome:
     )
     ledger(ctx).append(row)
     _retention(ctx)
-    return Outcome.done("round recorded")
+    return Outcome.done("round recorded", records=read)
 
 
 def _description(rid: str, gate: dict, inject: dict, primary: dict, summary: dict) -> str:  # type: ignore[type-arg]

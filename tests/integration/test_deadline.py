@@ -146,24 +146,14 @@ def test_malformed_deadline_is_a_one_line_config_error(tmp_path: Path) -> None:
 def test_deadline_check_uses_the_median_round_duration() -> None:
     """The engine refuses a round when now + median(measured durations) passes the deadline, and never
     before any round was measured (unless the deadline already passed)."""
-    from shoprld.daemon.engine import Engine
+    from shoprld.daemon.machine import Deadline
 
-    class Clock:
-        def __init__(self, t: float) -> None:
-            self.t = t
-
-        def time(self) -> float:
-            return self.t
-
-        def monotonic(self) -> float:
-            return self.t
-
-    class Probe:
-        _deadline_says_stop = Engine._deadline_says_stop
-
+    class Probe:  # the engine hands machine.decide a Deadline.of(deadline, durations, now)
         def __init__(self, now: float, deadline: float | None, durations: list[float]) -> None:
-            self.clock, self.round = Clock(now), len(durations)
-            self.state_data = {"deadline": deadline, "round_durations": {str(i): d for i, d in enumerate(durations)}}
+            self.deadline, self.round = Deadline.of(deadline, durations, now), len(durations)
+
+        def _deadline_says_stop(self) -> str | None:
+            return self.deadline.says_stop(self.round)
 
     assert Probe(0.0, 100.0, [])._deadline_says_stop() is None
     assert Probe(0.0, None, [50.0])._deadline_says_stop() is None
