@@ -40,9 +40,14 @@ overflow, a filesystem that delivers none) costs latency, never correctness. It 
 timer and after an overflow. Both modes feed the same rescan-and-diff code, so they emit the same
 events in the same order.
 
-Retention (:func:`retention_plan`) only ever proposes committed checkpoints outside the caller's
-keep set and not the resume point, plus partials while no trainer runs; :func:`delete_checkpoints`
-refuses anything that does not resolve to a direct child of the save dir.
+Retention. This module alone decides what is kept and deletes checkpoints (issue 16, step 3):
+:func:`keep_set` is the one keep-set rule (the finals the rounds need, the newest save of the
+round in progress, what an export read), :func:`retention_plan` only ever proposes committed
+checkpoints outside that set and not the resume point, plus partials while no trainer runs;
+:func:`retain` carries a plan out; :func:`delete_checkpoints` refuses anything that does not
+resolve to a direct child of the save dir. The ShopSim-outage rollback lives here too
+(:func:`roll_back_to`): the ShopSim service only reports the last checkpoint it saw served.
+Megatron's tracker is rewritten by :func:`point_tracker` only.
 
 The round <-> iteration arithmetic lives in :class:`IterationMapping`.
 
@@ -76,6 +81,8 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskStatus
 
+from .store import atomic_write
+
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
@@ -92,12 +99,18 @@ __all__ = [
     "WatchMode",
     "deep_verify",
     "delete_checkpoints",
+    "delete_iter_dir",
     "detect_watch_mode",
     "is_complete",
     "iter_dir",
+    "keep_set",
+    "outage_suspects",
+    "point_tracker",
     "iter_name",
     "read_tracker",
+    "retain",
     "retention_plan",
+    "roll_back_to",
     "scan",
 ]
 
@@ -670,6 +683,71 @@ def retention_plan(scan: Scan, *, keep_iterations: Iterable[int], trainer_runnin
     return plan
 
 
+def keep_set(scan: Scan, mapping: IterationMapping, *, round: int, finished: bool, keep_finals: int,
+             export_iteration: int | None = None) -> set[int]:
+    """The iterations retention keeps while ``round`` runs (``finished=False``) or once it is done.
+
+    - the finals of the last ``keep_finals`` finished rounds (``round`` itself once finished);
+    - while the round runs, its newest complete save: the one mid-round save worth keeping
+      (a resume starts there; older mid-round saves of the round are proposed for deletion);
+    - ``export_iteration``, the checkpoint the round's HF export read, when there is one.
+    The resume point and anything ahead of the tracker are kept by :func:`retention_plan` anyway.
+    """
+    last = round if finished else round - 1
+    keep = {mapping.end_iteration(last - back) for back in range(keep_finals) if last - back >= 0}
+    if export_iteration is not None:
+        keep.add(export_iteration)
+    if not finished:
+        current = [c.iteration for c in scan.checkpoints if c.complete and mapping.round_of(c.iteration) == round]
+        if current:
+            keep.add(max(current))
+    return keep
+
+
+def retain(scan: Scan, keep: Iterable[int], *, save_dir: Path, trainer_running: bool) -> tuple[list[Checkpoint], int]:
+    """Delete what :func:`retention_plan` proposes outside ``keep``: (the deleted, the bytes freed)."""
+    doomed = retention_plan(scan, keep_iterations=keep, trainer_running=trainer_running)
+    return doomed, delete_checkpoints(doomed, save_dir=save_dir) if doomed else 0
+
+
+def outage_suspects(scan: Scan, witnessed: int | None) -> list[Checkpoint]:
+    """Complete checkpoints saved after the last one ShopSim was seen serving (``witnessed``; None:
+    none was): their rollouts may have run against a dead ShopSim, so they may hold partial data."""
+    return [c for c in scan.checkpoints if c.complete and (witnessed is None or c.iteration > witnessed)]
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """What :func:`roll_back_to` did."""
+
+    deleted: tuple[int, ...]
+    resume: int | None  # the iteration the tracker names now; None: the next start loads the base model
+
+
+def roll_back_to(save_dir: Path, witnessed: int | None, *, now: float) -> Rollback:
+    """The ShopSim-outage rollback: delete :func:`outage_suspects` and point the tracker at the
+    newest complete checkpoint at or before ``witnessed`` (set it aside when there is none), so
+    that only the steps after the witnessed checkpoint are retrained."""
+    found = scan(save_dir)
+    doomed = outage_suspects(found, witnessed)
+    delete_checkpoints(doomed, save_dir=save_dir)
+    kept = [c for c in found.checkpoints if c.complete and witnessed is not None and c.iteration <= witnessed]
+    resume = kept[-1].iteration if kept else None
+    point_tracker(save_dir, resume, set_aside_as=f"rolled-back-{int(now)}")
+    return Rollback(tuple(c.iteration for c in doomed), resume)
+
+
+def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str = "set-aside") -> None:
+    """Make Megatron's tracker name ``iteration`` (atomically, durably). With None there is nothing
+    to resume from: the tracker, if any, is renamed ``<tracker>.<set_aside_as>`` (kept for the
+    post-mortem), and the next trainer starts from the base model."""
+    tracker = save_dir / TRACKER_NAME
+    if iteration is not None:
+        atomic_write(tracker, f"{iteration}\n".encode())
+    elif tracker.exists():
+        tracker.rename(tracker.with_name(f"{tracker.name}.{set_aside_as}"))
+
+
 def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int) -> set[int]:
     """The keep set while ``round_index`` trains (issue 17): the newest complete save of the
     round, and every complete checkpoint outside it (the finals NEXT_ROUND's retention left,
@@ -744,6 +822,18 @@ def delete_checkpoints(items: Iterable[Checkpoint], *, save_dir: Path) -> int:
         log.info("checkpoint.deleted", iteration=ckpt.iteration, path=path, bytes=size, partial=not ckpt.complete)
     _sweep_trash(root)
     return freed
+
+
+def delete_iter_dir(path: Path) -> int:
+    """Delete one ``iter_N`` dir named by its path, complete or not (``shoprld clean``: every
+    checkpoint of the campaign goes), as :func:`delete_checkpoints` deletes: refused unless it is a
+    real ``iter_N`` dir directly in its parent, trash-renamed first. Returns the bytes freed."""
+    m = _ITER_RE.fullmatch(path.name)
+    if m is None:
+        _log().warning("checkpoint.delete_refused", path=str(path), reason="not an iter_N dir")
+        return 0
+    found = Checkpoint(int(m.group(1)), path, False, 0, None)
+    return delete_checkpoints([found], save_dir=path.parent)
 
 
 def _sweep_trash(root: str) -> None:

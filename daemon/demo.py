@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .engine import run_campaign
 from .errors import ConfigError
+from .roundlog import read as read_rounds
 from .roundplan import demo_dir
 
 FAKE_ENV = (
@@ -165,7 +166,7 @@ def _summary(root: Path, code: int, took: float) -> None:
 
     print(f"\nshoprld demo: exit {code}, state {status.get('state')}, {took:.1f}s")
     rounds = int(status.get("rounds") or 0)
-    for r in status.get("rounds_done", []):
+    for r in read_rounds(root / "state") or status.get("rounds_done", []):  # status.json: the newest only
         val = r.get("val")
         print(f"  {round_label(r['round'], rounds)}  success_rate={'-' if val is None else f'{val:.3g}'}  "
               f"gate={r.get('gate')}  skillbank={r.get('branch')}  {r.get('duration_seconds') or 0:.1f}s")

@@ -95,7 +95,8 @@ from .processes import CHILD_TAG, Child, ChildRecord, Launcher
 from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService, ValServerService
-from .store import SOCKET_FILE, Store, atomic_write_json
+from .roundlog import STATUS_RECENT_ROUNDS
+from .store import ROUND_DONE_EVENT, SOCKET_FILE, Store, atomic_write_json
 
 MODULES: dict[State, ModuleType] = {
     State.PREFLIGHT_DISK: preflight_disk,
@@ -257,9 +258,12 @@ class Engine:
         if loaded and loaded.warning:
             log.warning("state.rebuilt", warning=loaded.warning, source=loaded.source)
             self.store.append({"event": "state.rebuilt", "warning": loaded.warning})
+        for rec in loaded.unrecorded if loaded else []:  # an older state dir's rounds: recorded once
+            self.store.append_round(rec)
+        rounds = loaded.rounds if loaded else []
         self.state_data = {
             "campaign": self.cfg.campaign.name, "first_start": data.get("first_start") or self.clock.time(),
-            "round_durations": {str(k): v for k, v in (data.get("round_durations") or {}).items()},
+            "round_durations": {str(r["round"]): d for r in rounds if (d := _num(r.get("duration_seconds"))) is not None},
             "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
@@ -280,7 +284,7 @@ class Engine:
             "campaign": self.cfg.campaign.name, "experiment": self.cfg.campaign.experiment,
             "rounds": self.cfg.campaign.rounds, "steps_per_round": self.cfg.campaign.steps_per_round,
             "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
-            "rounds_done": data.get("rounds_done") or [], "last_error": None, "stop_reason": None,
+            "rounds_done": rounds, "last_error": None, "stop_reason": None,
             "last_failure": data.get("last_failure"),
             "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
         }
@@ -578,15 +582,11 @@ class Engine:
         trainer runs), and the campaign's own tmp. Never the shared cache or other campaigns."""
         scan = ckpt.scan(self.layout.save_dir)
         m = ckpt.IterationMapping(self.cfg.campaign.steps_per_round, self.cfg.train.end_offset)
-        keep = {m.end_iteration(self.round - 1)} if self.round > 0 else set()
-        export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json")
-        if export and isinstance(export.get("iteration"), int):
-            keep.add(export["iteration"])
-        current = [c.iteration for c in scan.checkpoints if c.complete and m.round_of(c.iteration) == self.round]
-        if current:
-            keep.add(max(current))
-        doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=trainer_running)
-        freed = ckpt.delete_checkpoints(doomed, save_dir=self.layout.save_dir) if doomed else 0
+        export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json") or {}
+        exported = export.get("iteration") if isinstance(export.get("iteration"), int) else None
+        # Under pressure: only the previous round's final (keep_finals=1), not the configured finals.
+        keep = ckpt.keep_set(scan, m, round=self.round, finished=False, keep_finals=1, export_iteration=exported)
+        doomed, freed = ckpt.retain(scan, keep, save_dir=self.layout.save_dir, trainer_running=trainer_running)
         if self.layout.tmp.exists():
             freed += diskmod.clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
         if freed:
@@ -717,10 +717,13 @@ class Engine:
         self.store.append(rec, sync=sync)
 
     def _state_doc(self) -> dict[str, Any]:
+        """The snapshot (state.json, the journal's transitions): its size does not grow with the
+        rounds. The per-round facts are in rounds.jsonl, written once; the cursor counts them."""
         return {
-            **self.state_data, "state": self.machine.state.value, "round": self.round, "seq": self.seq,
+            **{k: v for k, v in self.state_data.items() if k != "round_durations"},  # per round: rounds.jsonl
+            "state": self.machine.state.value, "round": self.round, "seq": self.seq,
             "children": {r: c.record.to_json() for r, c in self.children.items()},
-            "rounds_done": self.snap.get("rounds_done", []), "stop_reason": self.snap.get("stop_reason"),
+            "rounds_recorded": len(self.snap.get("rounds_done", [])), "stop_reason": self.snap.get("stop_reason"),
             "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
 
@@ -755,7 +758,9 @@ class Engine:
         doc = self._status_doc()
         self._warn_plan()
         try:
-            self.store.write_status(doc)
+            # The newest rounds only: status.json keeps its size; `shoprld status` reads every
+            # round from rounds.jsonl (daemon/roundlog.py).
+            self.store.write_status({**doc, "rounds_done": doc["rounds_done"][-STATUS_RECENT_ROUNDS:]})
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
         if self.metrics is not None:
@@ -855,6 +860,9 @@ class Engine:
         log.info("round.done", **done[-1])  # the terminal's one line per round result
         if duration is not None:
             self.state_data["round_durations"][str(self.round)] = duration
+        # The round's facts, written once (store.py: journal, then rounds.jsonl, then the cursor).
+        self._journal(ROUND_DONE_EVENT, sync=False, **done[-1])
+        self.store.append_round(done[-1])
         self._persist()
         val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
         self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",

@@ -77,6 +77,7 @@ from .config import Config, load_config
 from .disk import human_bytes
 from .errors import EXIT_CONFIG, EXIT_OK, LockError, ShoprldError
 from .layout import Layout
+from .roundlog import ROUNDS_FILE
 from .secrets import Secrets, load_secrets
 from .store import JOURNAL_FILE, LOCK_FILE, STATE_FILE, STATUS_FILE, Store, atomic_write
 
@@ -200,7 +201,7 @@ class Doomed:
     path: Path
     what: str
     bytes: int
-    mode: str  # "tree" | "contents" | "file"
+    mode: str  # "tree" | "contents" | "file" | "checkpoint" (an iter_N dir: checkpoints.py deletes it)
 
 
 @dataclass
@@ -293,7 +294,7 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
             state = "final, " if is_final else ""
             c = scan.get(it)
             state += "complete" if c is not None and c.complete else "partial"
-            add(p, f"checkpoint {ckpt.iter_name(it)} ({state}, round-{m.round_of(it):03d})", "tree")
+            add(p, f"checkpoint {ckpt.iter_name(it)} ({state}, round-{m.round_of(it):03d})", "checkpoint")
         elif e.name == ckpt.TRACKER_NAME:
             if keep_final and final is not None:
                 plan.kept.append(("checkpoint tracker", p))
@@ -363,7 +364,16 @@ def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
     for item in plan.items:
         real = Path(os.path.realpath(item.path))
         try:
-            if item.mode == "file":
+            if item.mode == "checkpoint":  # checkpoints.py alone deletes checkpoints (trash-renamed first)
+                if not _inside(str(real), os.path.realpath(guard_root)):
+                    raise ValueError(f"{item.path}: resolves outside the campaign root")
+                if not os.path.lexists(item.path):
+                    continue
+                ckpt.delete_iter_dir(item.path)
+                if os.path.lexists(item.path):
+                    raise OSError("still there (see checkpoint.delete_refused/delete_failed in the log)")
+                freed += item.bytes
+            elif item.mode == "file":
                 if os.path.realpath(item.path) != str(real) or not _inside(str(real), os.path.realpath(guard_root)):
                     raise ValueError(f"{item.path}: moved outside the campaign root since the plan")
                 os.unlink(real)
@@ -503,8 +513,8 @@ def _round_rows(camp: Campaign) -> list[dict[str, Any]]:
 
     cfg, layout = camp.cfg, camp.layout
     ledger_rows = {r["index"]: r for r in Ledger(layout.ledger, overflow_dir=layout.campaign_root / "ledger").rows()}
-    state = _read_json(layout.state_dir / STATE_FILE) or {}
-    durations = state.get("round_durations") or {}
+    loaded = Store(layout.state_dir).load()
+    durations = {str(r["round"]): r.get("duration_seconds") for r in (loaded.rounds if loaded else [])}
     rows = []
     for r in range(cfg.campaign.rounds):
         rid = f"round-{r:03d}"
@@ -948,7 +958,7 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
                 pass
 
         put("config/campaign.toml", cfg.source)
-        for f in (STATE_FILE, JOURNAL_FILE, STATUS_FILE):
+        for f in (STATE_FILE, JOURNAL_FILE, STATUS_FILE, ROUNDS_FILE):
             put(f"state/{f}", layout.state_dir / f)
         put("ledger/repo.tsv", layout.ledger)
         overflow = layout.campaign_root / "ledger" / f"{layout.ledger.stem}.tsv"
@@ -1483,10 +1493,12 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _P
         doc = _forget_processes(doc)
         atomic_write(state_dir / name, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
-    journal = files.get(f"state/{JOURNAL_FILE}")
-    if journal is not None:
+    for name in (JOURNAL_FILE, ROUNDS_FILE):  # the JSON-lines files
+        raw = files.get(f"state/{name}")
+        if raw is None:
+            continue
         lines = []
-        for line in journal.decode("utf-8", errors="replace").splitlines():
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 rec = rp.obj(json.loads(line))
             except ValueError:
@@ -1494,7 +1506,7 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _P
             if isinstance(rec, dict) and isinstance(rec.get("snapshot"), dict):
                 rec["snapshot"] = _forget_processes(rec["snapshot"])
             lines.append(json.dumps(rec, sort_keys=True))
-        atomic_write(state_dir / JOURNAL_FILE, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
+        atomic_write(state_dir / name, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
     # The ledger: merged with whatever the new checkout already has (by round index).
     for dst, data, kind in plan.writes:

@@ -355,9 +355,9 @@ def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[lis
     retraining in that rare case, never a wrong checkpoint."""
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     scan = ckpt.scan(layout.save_dir)
-    doomed = ckpt.retention_plan(scan, keep_iterations=ckpt.keep_while_training(scan, m, round_index),
-                                 trainer_running=True)
-    return [c.iteration for c in doomed], ckpt.delete_checkpoints(doomed, save_dir=layout.save_dir) if doomed else 0
+    doomed, freed = ckpt.retain(scan, ckpt.keep_while_training(scan, m, round_index), save_dir=layout.save_dir,
+                                trainer_running=True)
+    return [c.iteration for c in doomed], freed
 
 
 def _short(source: str) -> str:

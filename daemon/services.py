@@ -52,7 +52,7 @@ from .errors import StageFailed
 from .processes import Child, ChildHost, wait_port_free
 from .retry import Backoff
 from .roundplan import RoundPlan, host_port, read_json
-from .store import atomic_write, replace_json
+from .store import replace_json
 
 
 class ServiceHost(ChildHost, Protocol):
@@ -218,7 +218,7 @@ class ShopsimService:
         save = plan.layout.save_dir
         safe = witness.get("iteration")
         scan = ckpt.scan(save)
-        doomed = [c for c in scan.checkpoints if c.complete and (safe is None or c.iteration > safe)]
+        doomed = ckpt.outage_suspects(scan, safe)
         used = [c.iteration for c in doomed if _export_used(plan, c.iteration)]
         self._outage = False
         if used:
@@ -231,15 +231,9 @@ class ShopsimService:
             return False
         host.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
                   reason="saved after ShopSim was last seen alive: may hold a partial rollout")
-        ckpt.delete_checkpoints(doomed, save_dir=save)
-        tracker = save / ckpt.TRACKER_NAME
-        kept = [c for c in scan.checkpoints if c.complete and safe is not None and c.iteration <= safe]
-        if kept:
-            atomic_write(tracker, f"{kept[-1].iteration}\n".encode())
-        elif tracker.exists():  # nothing left in the save dir: round 0 starts from the base model
-            tracker.rename(tracker.with_name(f"{tracker.name}.rolled-back-{int(host.clock.time())}"))
+        done = ckpt.roll_back_to(save, safe, now=host.clock.time())  # checkpoints.py deletes, not us
         # What is retrained from here must be witnessed again, by the next live ShopSim.
-        self._witness(kept[-1].iteration if kept else None)
+        self._witness(done.resume)
         return True
 
     async def ensure_ready(self, plan: RoundPlan, host: ServiceHost, *, settle: bool = True) -> str | None:

@@ -5,6 +5,11 @@ JSON but has the wrong types (``"round": "abc"``, ``"children": []``) is treated
 corrupt one: the newest valid snapshot in the journal replaces it, else the disk decides.
 Types are strict (no ``"3"`` -> 3, no ``true`` -> 1): the engine writes exact types, so
 anything else was not written by it. Unknown keys are kept (a newer engine may add some).
+
+A snapshot no longer carries the per-round facts (issue 16, step 5): they live in
+``rounds.jsonl`` (:mod:`.roundlog`) and the snapshot holds the cursor ``rounds_recorded``.
+``rounds_done`` and ``round_durations`` stay in the schema for state dirs written by an older
+engine, which :meth:`~.store.Store.load` still reads.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class StateDoc(_Doc):
 
     campaign: str | None = None
     first_start: float | None = None
-    round_durations: dict[str, float] = {}
+    round_durations: dict[str, float] = {}  # an older engine's; see the module docstring
     starts: int = Field(default=0, ge=0, le=MAX_COUNT)
     seq: int = Field(default=0, ge=0, le=MAX_COUNT)
     previous: PreviousDoc | None = None
@@ -56,7 +61,9 @@ class StateDoc(_Doc):
     state: str | None = None
     round: int = Field(default=0, ge=0, le=MAX_ROUND)
     children: dict[str, ChildDoc] = {}
-    rounds_done: list[RoundDoneDoc] = []
+    rounds_done: list[RoundDoneDoc] = []  # an older engine's; see the module docstring
+    # How many rounds rounds.jsonl held when this snapshot was written (None: an older engine).
+    rounds_recorded: int | None = Field(default=None, ge=0, le=MAX_ROUND + 1)
     stop_reason: str | None = None
     last_error: str | None = None
 

@@ -7,7 +7,9 @@ pid file and the lock. It never talks to the daemon, so it answers the same way 
 daemon is alive, dead or never started, and it cannot wedge on a stuck event loop.
 
 ``--json`` prints the snapshot with ``daemon`` replaced by ``{alive, pid, last_seen,
-started_at}`` (schema: ``status.schema.json`` beside this file; SPEC §6).
+started_at}`` (schema: ``status.schema.json`` beside this file; SPEC §6), and ``rounds_done``
+read from ``rounds.jsonl`` (every round; status.json keeps only the newest, so that its size
+does not grow with the campaign: :mod:`.roundlog`).
 
 Speed budget (SPEC §9): ``--json`` ≤ 100 ms and the human view ≤ 200 ms end to end, on a
 box where a bare interpreter costs 20-50 ms and structlog alone 230 ms. So this module
@@ -39,6 +41,7 @@ from typing import Any
 from .errors import ConfigError
 from .identity import StateMismatch, expected, status_problem
 from .paths import QuickConfigError, identity_fields, quick_read, state_dir_from_toml
+from .roundlog import read as read_rounds
 
 # The names of store.py's files, copied: importing store.py pulls in dataclasses and
 # inspect (~15 ms on the target box, 15 % of the --json budget). test_status checks that
@@ -222,6 +225,9 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
     if snap is not None:
         out["state"] = None  # a snapshot without a state is not "never started"
         out.update(snap)  # the skeleton fills any field an older engine did not write
+        rounds = read_rounds(state_dir)
+        if rounds is not None:  # None: an older engine, whose status.json holds every round
+            out["rounds_done"] = rounds
     raw_daemon = snap.get("daemon") if snap else None
     raw_daemon = raw_daemon if isinstance(raw_daemon, dict) else {}
     alive, pid = daemon_liveness(state_dir, raw_daemon.get("pid"))

@@ -10,6 +10,15 @@ Write order for a transition: journal line (fsync), then state.json (temp, fsync
 fsync dir). A crash between the two leaves a journal that is ahead of state.json, and the
 rebuild prefers the newer of the two.
 
+Persistence grows linearly with the rounds (issue 16, step 5): a finished round's facts are
+written once, as a journal record (``round.done``) and a line of ``rounds.jsonl``
+(:mod:`.roundlog`), never again in a snapshot. state.json and the journal's snapshots carry a
+cursor instead (``rounds_recorded``). :meth:`Store.load` reads the last snapshot (from the
+journal's tail) and ``rounds.jsonl``; only when that file holds fewer rounds than the cursor
+says (lost or truncated) does it scan the whole journal for the ``round.done`` records. A state
+dir written before this file existed (``rounds_done`` inside state.json) loads as before, and its
+rounds are handed back in :attr:`Loaded.unrecorded` for the engine to record once.
+
 Every write here (journal, state.json, status.json) passes through the store's
 :class:`~.secrets.Redactor`, whatever built the text: a failure message quoting a child's
 "401 invalid key <key>" is masked on its way to disk, not by each caller (issue 15). The
@@ -26,11 +35,13 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import roundlog
 from .errors import LockError
+from .roundlog import ROUNDS_FILE
 from .secrets import Redactor, installed
 
 SCHEMA_VERSION = 1
@@ -39,6 +50,7 @@ JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "lock"
 PID_FILE = "daemon.pid"
 STATUS_FILE = "status.json"
+ROUND_DONE_EVENT = "round.done"  # the journal record that carries a round's facts, once
 SOCKET_FILE = "control.sock"
 # Only the daemon's user reads the state (it holds failure messages, paths, pids); the
 # ledger in the repo is the one record meant for others.
@@ -199,6 +211,38 @@ class Loaded:
     state: dict[str, Any]
     source: str  # "state.json" | "journal"
     warning: str | None = None
+    # Every finished round's facts, sorted by round (rounds.jsonl, completed as load() says).
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    # Rounds known from elsewhere (an older state.json, the journal) that rounds.jsonl lacks:
+    # the engine records them (Store.append_round) once it holds the lock.
+    unrecorded: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _AppendOnlyFile:
+    """One JSON-lines file this process appends to: opened once, O_APPEND, 0600.
+
+    A crash mid-append leaves a torn last line; the next record must not be fused onto it
+    (it would be lost with the torn bytes). One writer (the lock holder): checked once, at open.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def append(self, line: str, *, sync: bool) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, STATE_FILE_MODE)
+            size = os.fstat(self._fd).st_size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                line = "\n" + line
+        os.write(self._fd, line.encode())
+        if sync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Store:
@@ -210,7 +254,8 @@ class Store:
         self.dir = state_dir
         self._redactor = redactor
         self._lock_fd: int | None = None
-        self._journal_fd: int | None = None
+        self._journal = _AppendOnlyFile(state_dir / JOURNAL_FILE)
+        self._rounds = _AppendOnlyFile(state_dir / ROUNDS_FILE)
         self._status = LatestWriter(state_dir / STATUS_FILE, mode=STATE_FILE_MODE) if status_in_background else None
 
     @property
@@ -283,9 +328,8 @@ class Store:
                 (self.dir / DAEMON_RECORD).unlink(missing_ok=True)
             os.close(self._lock_fd)
             self._lock_fd = None
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        self._journal.close()
+        self._rounds.close()
 
     # -- journal -----------------------------------------------------------------
     def append(self, record: dict[str, Any], *, sync: bool = True) -> None:
@@ -293,17 +337,19 @@ class Store:
         synced append (one fsync covers every line before it): for a line that another
         follows at once, or one that only informs (a daemon crash loses neither; the write
         is in the page cache)."""
-        line = json.dumps({"t": time.time(), **self.redactor.obj(record)}, sort_keys=True) + "\n"
-        if self._journal_fd is None:
-            self._journal_fd = os.open(self.dir / JOURNAL_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND, STATE_FILE_MODE)
-            # A crash mid-append leaves a torn last line; the next record must not be fused onto it
-            # (it would be lost with the torn bytes). One writer (the lock holder): check once.
-            size = os.fstat(self._journal_fd).st_size
-            if size and os.pread(self._journal_fd, 1, size - 1) != b"\n":
-                line = "\n" + line
-        os.write(self._journal_fd, line.encode())
-        if sync:
-            os.fsync(self._journal_fd)
+        self._journal.append(self._line(record), sync=sync)
+
+    def append_round(self, record: dict[str, Any]) -> None:
+        """One finished round's facts, once: a line of ``rounds.jsonl`` (:mod:`.roundlog`),
+        fsynced before the snapshot whose cursor counts it is written."""
+        self._rounds.append(self._line(record), sync=True)
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """Every finished round's facts as ``rounds.jsonl`` holds them, sorted by round."""
+        return roundlog.read(self.dir) or []
+
+    def _line(self, record: dict[str, Any]) -> str:
+        return json.dumps({"t": time.time(), **self.redactor.obj(record)}, sort_keys=True) + "\n"
 
     def journal(self) -> Iterator[dict[str, Any]]:
         """Every well-formed journal record; a torn last line (crash mid-append) is skipped."""
@@ -341,11 +387,41 @@ class Store:
             self._status.flush()
 
     def load(self) -> Loaded | None:
-        """state.json, else the journal's last valid snapshot, else None (the disk decides).
+        """state.json, else the journal's last valid snapshot, else None (the disk decides);
+        with every finished round's facts (see the module docstring).
 
         Never raises for what is in the files: garbage bytes, a torn file, or valid JSON with the
         wrong types (checked by :mod:`statedoc`) all mean "rebuild", with ``warning`` saying why.
         """
+        loaded = self._load_state()
+        recorded = self.rounds()
+        if loaded is None:
+            if not recorded:
+                return None
+            loaded = Loaded({}, "none", f"{STATE_FILE} and the journal are missing; rebuilt from the disk")
+        state = loaded.state
+        # An older engine kept the rounds in every snapshot (rounds_done, round_durations).
+        durations = state.get("round_durations") or {}
+        legacy = [{**r, "duration_seconds": r.get("duration_seconds", durations.get(str(r.get("round"))))}
+                  for r in state.get("rounds_done") or []]
+        cursor = state.get("rounds_recorded")
+        known = {roundlog.round_of(r) for r in recorded}
+        if isinstance(cursor, int) and len(known) < cursor:
+            # rounds.jsonl lost rounds that the snapshot saw recorded: the journal has each one once.
+            legacy += [r for r in self._journaled_rounds() if roundlog.round_of(r) not in known]
+            note = f"{ROUNDS_FILE} holds {len(known)} of the {cursor} rounds recorded; rebuilt from the journal"
+            loaded.warning = f"{loaded.warning}; {note}" if loaded.warning else note
+        loaded.unrecorded = [r for r in roundlog.merge(legacy) if roundlog.round_of(r) not in known]
+        loaded.rounds = roundlog.merge(loaded.unrecorded, recorded)
+        return loaded
+
+    def _journaled_rounds(self) -> list[dict[str, Any]]:
+        """The facts of every ``round.done`` record in the journal (a full scan: repair only)."""
+        return [{k: v for k, v in rec.items() if k not in ("t", "event", "seq", "state")}
+                for rec in self.journal() if rec.get("event") == ROUND_DONE_EVENT]
+
+    def _load_state(self) -> Loaded | None:
+        """state.json, else the journal's last valid snapshot, else None."""
         from .statedoc import validate  # pydantic: not for `shoprld stop`, which imports this module
 
         problem: str | None = None

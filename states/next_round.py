@@ -103,13 +103,9 @@ def _retention(ctx: RoundContext) -> None:
     """Keep the finals of the last ``disk.keep_finals`` rounds (this one's included; upstream
     keeps one), delete the older complete checkpoints of this campaign."""
     scan = ckpt.scan(ctx.layout.save_dir)
-    keep = {ctx.end_iteration}
-    for back in range(1, ctx.cfg.disk.keep_finals):
-        if ctx.round - back >= 0:
-            keep.add(ctx.mapping.end_iteration(ctx.round - back))
-    doomed = ckpt.retention_plan(scan, keep_iterations=keep, trainer_running=False)
+    keep = ckpt.keep_set(scan, ctx.mapping, round=ctx.round, finished=True, keep_finals=ctx.cfg.disk.keep_finals)
+    doomed, freed = ckpt.retain(scan, keep, save_dir=ctx.layout.save_dir, trainer_running=False)
     if doomed:
-        freed = ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)
         ctx.emit("retention.applied", deleted=[c.iteration for c in doomed], bytes=freed)
 
 

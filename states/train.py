@@ -35,7 +35,6 @@ from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 from shoprld.daemon.services import CLIENT_ROLES
-from shoprld.daemon.store import atomic_write
 
 from .base import Outcome, RoundContext
 
@@ -222,28 +221,23 @@ def _repair_tracker(ctx: RoundContext) -> None:
     if tracker.iteration is None or ckpt.is_complete(save, tracker.iteration):
         return
     good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
-    path = save / ckpt.TRACKER_NAME
-    if good:
-        _point_tracker(ctx, was=tracker.iteration, now=good[-1].iteration)
-    else:
-        path.rename(path.with_name(f"{path.name}.torn-{int(ctx.clock.time())}"))
-        ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=None)
+    now = good[-1].iteration if good else None
+    ckpt.point_tracker(save, now, set_aside_as=f"torn-{int(ctx.clock.time())}")
+    ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=now)
     _prune_partials(ctx)
 
 
 def _point_tracker(ctx: RoundContext, *, was: int | None, now: int) -> None:
     """Point Megatron's tracker at iteration ``now`` (atomically; only while no trainer runs)."""
-    atomic_write(ctx.layout.save_dir / ckpt.TRACKER_NAME, f"{now}\n".encode())
+    ckpt.point_tracker(ctx.layout.save_dir, now)
     ctx.emit("checkpoint.tracker_repaired", was=was, now=now)
 
 
 def _prune_partials(ctx: RoundContext) -> None:
     """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
     scan = ckpt.scan(ctx.layout.save_dir)
-    doomed = ckpt.retention_plan(scan, keep_iterations={c.iteration for c in scan.checkpoints if c.complete},
-                                 trainer_running=False)
-    if doomed:
-        ckpt.delete_checkpoints(doomed, save_dir=ctx.layout.save_dir)
+    ckpt.retain(scan, {c.iteration for c in scan.checkpoints if c.complete}, save_dir=ctx.layout.save_dir,
+                trainer_running=False)
 
 
 @dataclass(frozen=True)

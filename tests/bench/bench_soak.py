@@ -18,10 +18,18 @@ the end it times ``Store.load()`` on the state dir: what a daemon restart would 
 count after a warm-up (the first 10 % of rounds): RSS KiB/round, fds/round, threads/round,
 and the round duration's own trend (s/round per round: a per-round cost that grows).
 
-Expected growth: the ledger (one row per round) and the journal grow with rounds, by design.
-RSS and fds must stay flat; ``rounds_done`` (one small dict per round, kept in memory and
-written into every state.json/status.json/journal snapshot) is the one in-memory structure
+Expected growth: the ledger (one row per round), the journal and ``rounds.jsonl`` grow
+linearly with the rounds, by design; state.json and status.json stay the same size (issue 16,
+step 5: a round's facts are written once, the snapshots carry a cursor). RSS and fds must stay
+flat; ``rounds_done`` (one small dict per round, kept in memory) is the one in-memory structure
 that grows with the round count, so a small RSS slope from it is reported, not hidden.
+
+``--replay N`` measures the persistence alone, in seconds rather than hours: the real engine's
+own code (``Engine._transition`` for the six transitions of each round, ``Engine._round_finished``
+at its end) writes what an N-round campaign's transitions and rounds write, with no children;
+it reports the journal, state.json and status.json bytes, the total bytes written per round
+and ``Store.load()``'s time at the end. The stages' own journal lines (spawns, checkpoints) are
+not replayed: a few hundred bytes per round, the same for every version.
 """
 
 from __future__ import annotations
@@ -81,6 +89,72 @@ def size(p: Path) -> int:
         return 0
 
 
+class _NoTasks:
+    """The replay's stand-in for the engine's task group: the hygiene scan after each round is not
+    persistence, and nothing else is started."""
+
+    def start_soon(self, *args: Any) -> None:
+        pass
+
+
+def replay(work: Path, rounds: int) -> dict[str, Any]:
+    """What ``--replay`` reports (see the module docstring)."""
+    # Imported here, as main() imports Store: the soak itself samples a daemon in another process
+    # and loads nothing of shoprld until its end.
+    import logging
+
+    import structlog
+
+    from shoprld.daemon.config import load_config
+    from shoprld.daemon.engine import Engine
+    from shoprld.daemon.layout import Layout
+    from shoprld.daemon.machine import ADVANCE, ROUND_STATES, State
+    from shoprld.daemon.secrets import Secrets
+    from shoprld.daemon.store import Store
+
+    campaign = make_tree(work, rounds=rounds + 1)
+    cfg = load_config(campaign)
+    layout = Layout.from_config(cfg)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    engine = Engine(cfg, layout, Secrets())
+    engine._check_identity()
+    engine._load()
+    engine.tg = _NoTasks()
+    engine.http = None  # no stage runs, so nothing speaks HTTP
+    # The replay measures the writes, not the console renderer of the transitions' log lines.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    state_dir = layout.state_dir
+    files = ("journal.jsonl", "state.json", "status.json", "rounds.jsonl")
+    written = 0
+    engine._transition(None, State.PREFLIGHT_DISK, "start")
+    engine._transition(State.PREFLIGHT_DISK, State.START_SHOPSIM, ADVANCE[State.PREFLIGHT_DISK])
+    src = State.START_SHOPSIM
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        before = {f: size(state_dir / f) for f in files}
+        engine._transition(src, State.TRAIN, ADVANCE.get(src, "next_round"))
+        for a, b in zip(ROUND_STATES, ROUND_STATES[1:]):
+            engine._transition(a, b, ADVANCE[a])
+        engine._round_finished()
+        # Bytes written this round: the appends' growth plus every rewrite of the whole files.
+        written += sum(size(state_dir / f) - before[f] for f in ("journal.jsonl", "rounds.jsonl"))
+        written += 7 * (size(state_dir / "state.json") + size(state_dir / "status.json"))
+        engine.round += 1
+        src = State.NEXT_ROUND
+        if (r + 1) % 100 == 0:
+            log(f"replay: {r + 1} rounds, journal {size(state_dir / 'journal.jsonl') >> 10} KiB")
+    took = time.perf_counter() - t0
+    engine.store.release_lock()
+    t, c = time.perf_counter(), time.process_time()
+    Store(state_dir).load()
+    return {"bench": "soak-replay", "rounds": rounds, "machine": machine(),
+            "persist_s_per_round": round(took / rounds, 5),
+            "bytes_written_per_round": round(written / rounds),
+            "restart_state_load": {"wall_s": round(time.perf_counter() - t, 3),
+                                   "cpu_s": round(time.process_time() - c, 3)},
+            **{f.replace(".", "_") + "_bytes": size(state_dir / f) for f in files}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="80 rounds (~3 min)")
@@ -88,7 +162,15 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=2.0, help="sampling interval, seconds")
     ap.add_argument("--timeout", type=float, default=4 * 3600.0)
     ap.add_argument("--keep", type=Path, help="work in this dir and keep it")
+    ap.add_argument("--replay", type=int, metavar="N", help="replay N rounds of persistence only (seconds)")
     a = ap.parse_args()
+    if a.replay:
+        work = Path(tempfile.mkdtemp(prefix="shoprld-bench-replay-"))
+        try:
+            emit_json(replay(work, a.replay))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     rounds = a.rounds or (80 if a.quick else 1000)
     work = a.keep or Path(tempfile.mkdtemp(prefix="shoprld-bench-soak-"))
     if work.exists():
@@ -143,8 +225,8 @@ def main() -> int:
         cleanup_tree(work)
     wall = time.monotonic() - t0
     done = ledger_rows(work)
-    # What a restart would pay now: Store.load() reads state.json, then scans the whole journal
-    # for a newer snapshot (daemon/store.py), and the journal grows with every round.
+    # What a restart would pay now: Store.load() reads state.json, the journal's tail for a newer
+    # snapshot and rounds.jsonl (daemon/store.py).
     from shoprld.daemon.store import Store
 
     t, c = time.perf_counter(), time.process_time()

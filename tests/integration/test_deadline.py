@@ -46,7 +46,7 @@ def test_deadline_allowing_two_and_a_half_rounds_stops_cleanly_after_two(tmp_pat
     try:
         first = run_daemon(campaign)
         assert first.returncode == 0, first.stderr[-2000:]
-        one_round = _state(tmp_path)["round_durations"]["0"]
+        one_round = status(tmp_path)["rounds_done"][0]["duration_seconds"]
         assert _state(tmp_path)["deadline"] is None
         budget = 2.5 * one_round
         _set(campaign, r"^rounds = 1$", "rounds = 5")

@@ -22,11 +22,15 @@ from shoprld.daemon.checkpoints import (
     Tracker,
     deep_verify,
     delete_checkpoints,
+    delete_iter_dir,
     detect_watch_mode,
     is_complete,
     iter_dir,
+    keep_set,
     read_tracker,
+    retain,
     retention_plan,
+    roll_back_to,
     scan,
 )
 from shoprld.daemon.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
@@ -446,6 +450,47 @@ def test_retention_with_torn_tracker_deletes_nothing_complete(tmp_path: Path) ->
         save(tmp_path, n)
     write_tracker(tmp_path, "")
     assert retention_plan(scan(tmp_path), keep_iterations=set(), trainer_running=True) == []
+
+
+def test_keep_set_keeps_the_finals_the_rounds_need_and_the_newest_mid_round_save(tmp_path: Path) -> None:
+    """One keep rule: the finals of the last keep_finals finished rounds; while a round runs, also
+    its newest save (an older mid-round save goes) and what its export read."""
+    m = IterationMapping(steps_per_round=20)
+    for n in (20, 40, 45, 50, 55):  # finals of rounds 0 and 1, then round 2's mid-round saves
+        save(tmp_path, n)
+    s = scan(tmp_path)
+    running = keep_set(s, m, round=2, finished=False, keep_finals=2)
+    assert running == {20, 40, 55}
+    assert [c.iteration for c in retain(s, running, save_dir=tmp_path, trainer_running=True)[0]] == [45, 50]
+    assert keep_set(s, m, round=2, finished=False, keep_finals=1, export_iteration=20) == {20, 40, 55}
+    assert keep_set(s, m, round=1, finished=True, keep_finals=1) == {40}
+    assert keep_set(s, m, round=0, finished=False, keep_finals=3) == {20}  # round 0: no final before it
+
+
+def test_outage_rollback_deletes_what_followed_the_witness_and_repoints_the_tracker(tmp_path: Path) -> None:
+    """roll_back_to(witnessed): complete saves after the witnessed one go, the tracker names the
+    witnessed one; with nothing witnessed, every save goes and the tracker is set aside."""
+    for n in (20, 40, 60):
+        save(tmp_path, n)
+    done = roll_back_to(tmp_path, 40, now=1000.0)
+    assert (done.deleted, done.resume) == ((60,), 40)
+    assert read_tracker(tmp_path).iteration == 40 and not iter_dir(tmp_path, 60).exists()
+    done = roll_back_to(tmp_path, None, now=1000.0)
+    assert (done.deleted, done.resume) == ((20, 40), None)
+    assert not (tmp_path / TRACKER_NAME).exists() and (tmp_path / f"{TRACKER_NAME}.rolled-back-1000").exists()
+
+
+def test_delete_iter_dir_deletes_by_path_and_refuses_what_is_not_an_iter_dir(tmp_path: Path) -> None:
+    """clean's way in: an iter_N dir named by its path goes (complete or partial); a symlink to one
+    or a dir of another name is refused and stays."""
+    save(tmp_path, 20)
+    write_files(tmp_path, 40, ("__0_0.distcp",))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / "iter_0000060").symlink_to(iter_dir(tmp_path, 20))
+    assert delete_iter_dir(iter_dir(tmp_path, 40)) > 0 and not iter_dir(tmp_path, 40).exists()
+    assert delete_iter_dir(other) == 0 and other.exists()
+    assert delete_iter_dir(tmp_path / "iter_0000060") == 0 and iter_dir(tmp_path, 20).exists()
 
 
 def test_delete_frees_bytes_and_logs(tmp_path: Path) -> None:

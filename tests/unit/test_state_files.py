@@ -21,7 +21,8 @@ from shoprld.daemon.engine import Engine
 from shoprld.daemon.errors import ShoprldError
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.secrets import Secrets
-from shoprld.daemon.store import JOURNAL_FILE, STATE_FILE, Store
+from shoprld.daemon.roundlog import ROUNDS_FILE
+from shoprld.daemon.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
 from tests.demotree import make_tree
 
 
@@ -209,3 +210,109 @@ def test_every_child_record_the_launchers_write_validates(tmp_path: Path) -> Non
     assert loaded is not None and loaded.warning is None, loaded and loaded.warning
     assert loaded.state["children"]["trainer"]["job_id"] == "shoprld-demo-exp-round-000-1"
     assert loaded.state["children"]["sidecar"]["pid"] == 4242
+
+
+# -- persistence that grows linearly (issue 16, step 5) -----------------------------------------------
+
+
+def _round(r: int, **over: Any) -> dict[str, Any]:
+    return {"round": r, "val": 0.5, "metric_name": "success_rate", "gate": "complete", "analysis": "ok",
+            "branch": f"b{r}", "duration_seconds": 10.0 + r, **over}
+
+
+def test_rounds_file_keeps_each_rounds_last_record_and_skips_a_torn_line(tmp_path: Path) -> None:
+    """rounds.jsonl: a round finished twice reads as its last record; a torn last line is skipped,
+    and the next append lands on a line of its own."""
+    s = Store(tmp_path)
+    s.append_round(_round(1))
+    s.append_round(_round(0))
+    s.append_round(_round(1, gate="incomplete"))
+    with open(tmp_path / ROUNDS_FILE, "a") as fh:
+        fh.write('{"round": 2, "val"')  # a crash mid-append
+    assert [(r["round"], r["gate"]) for r in s.rounds()] == [(0, "complete"), (1, "incomplete")]
+    Store(tmp_path).append_round(_round(2))
+    assert [r["round"] for r in Store(tmp_path).rounds()] == [0, 1, 2]
+
+
+def test_a_state_dir_of_the_previous_version_loads_and_its_rounds_are_recorded_once(
+        demo_campaign: tuple[Path, Any, Layout]) -> None:
+    """An older engine's state.json (rounds_done and round_durations in every snapshot) loads with
+    every round; the engine records them in rounds.jsonl once, and its next snapshot carries the
+    cursor instead of the rounds."""
+    _, cfg, layout = demo_campaign
+    d = layout.state_dir
+    d.mkdir(parents=True, exist_ok=True)
+    for f in d.iterdir():
+        if f.is_file():
+            f.unlink()
+    old = _snap(4, rounds_done=[{"round": 0, "val": 0.5, "gate": "complete"}, {"round": 1, "val": 0.6}],
+                round_durations={"0": 12.5, "1": 20.0}, children={})
+    (d / STATE_FILE).write_text(json.dumps({**old, "schema": 1}))
+    engine = Engine(cfg, layout, Secrets())
+    engine._check_identity()
+    engine._load()
+    assert [(r["round"], r["duration_seconds"]) for r in Store(d).rounds()] == [(0, 12.5), (1, 20.0)]
+    assert engine.state_data["round_durations"] == {"0": 12.5, "1": 20.0}
+    doc = engine._state_doc()
+    assert "rounds_done" not in doc and "round_durations" not in doc and doc["rounds_recorded"] == 2
+    engine2 = Engine(cfg, layout, Secrets())  # a second start records nothing twice
+    engine2._load()
+    assert len((d / ROUNDS_FILE).read_text().splitlines()) == 2
+
+
+def test_a_lost_rounds_file_is_rebuilt_from_the_journals_round_records(tmp_path: Path) -> None:
+    """When rounds.jsonl holds fewer rounds than the snapshot's cursor says, the journal's round.done
+    records (each round once) fill the gap, with a warning."""
+    s = Store(tmp_path)
+    for r in range(3):
+        s.append({"event": ROUND_DONE_EVENT, "seq": r, "state": "NEXT_ROUND", **_round(r)})
+    s.save(_snap(9, rounds_done=[], round_durations={}, rounds_recorded=3))
+    s.append_round(_round(2))  # rounds 0 and 1 lost
+    loaded = Store(tmp_path).load()
+    assert loaded is not None and "holds 1 of the 3 rounds" in (loaded.warning or "")
+    assert [r["round"] for r in loaded.rounds] == [0, 1, 2]
+    assert [r["round"] for r in loaded.unrecorded] == [0, 1]
+    assert loaded.rounds[0] == _round(0)
+
+
+def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[Path, Any, Layout]) -> None:
+    """The snapshot (state.json, each journal transition) and status.json are the same size after 30
+    rounds and after 300; `status --json` still lists every round, from rounds.jsonl."""
+    from shoprld.daemon.status import collect
+
+    campaign, cfg, layout = demo_campaign
+    d = layout.state_dir
+    sizes = {}
+    for n in (30, 300):
+        d.mkdir(parents=True, exist_ok=True)
+        for f in d.iterdir():
+            if f.is_file():
+                f.unlink()
+        s = Store(d)
+        for r in range(n):
+            s.append_round(_round(r))
+        engine = Engine(cfg, layout, Secrets())
+        engine._check_identity()
+        engine._load()
+        engine._journal("transition", src=None, dst="TRAIN", trigger="start")
+        engine._persist()
+        engine.store.flush_status()
+        line = (d / JOURNAL_FILE).read_text().splitlines()[-1]
+        sizes[n] = (len(line), (d / STATE_FILE).stat().st_size, (d / "status.json").stat().st_size)
+        engine.store.release_lock()
+        assert [r["round"] for r in collect(campaign)["rounds_done"]] == list(range(n))
+        assert json.loads((d / "status.json").read_text())["stop_conditions"]["rounds_done"] == n
+    # The cursor's digits and the newest rounds' indices may differ: a few bytes, not 300 rounds' worth.
+    assert all(abs(a - b) < 200 for a, b in zip(sizes[30], sizes[300])), sizes
+
+
+def test_a_rounds_file_ahead_of_the_snapshot_is_the_truth(tmp_path: Path) -> None:
+    """A crash between the rounds.jsonl append and the state.json write leaves the file ahead of the
+    cursor: the round it records is kept, without a warning (it did finish)."""
+    s = Store(tmp_path)
+    s.save(_snap(9, rounds_done=[], round_durations={}, rounds_recorded=1))
+    s.append_round(_round(0))
+    s.append_round(_round(1))
+    loaded = Store(tmp_path).load()
+    assert loaded is not None and loaded.warning is None and loaded.unrecorded == []
+    assert [r["round"] for r in loaded.rounds] == [0, 1]
