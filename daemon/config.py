@@ -260,6 +260,21 @@ class DiskSection(_Model):
         return self
 
 
+def normalize_sm(value: str | int | float | None) -> str | None:
+    """A compute capability, normalized (``gpus.build_sm``; envinfo compares the GPUs' with it):
+    ``80``, ``"sm_80"``, ``"SM80"``, ``"8.0"``, ``8.0`` -> ``"SM80"``; None for blank or junk."""
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).strip().lower().replace("sm_", "").replace("sm", "").replace("compute_", "")
+    m = re.fullmatch(r"(\d+)\.(\d+)", text)
+    if m:
+        return f"SM{int(m.group(1))}{int(m.group(2))}"
+    m = re.fullmatch(r"(\d{2,3})([a-z]?)", text)
+    if m:
+        return f"SM{m.group(1)}{m.group(2)}"
+    return None
+
+
 class GpuSection(_Model):
     visible: tuple[Annotated[int, Strict(), Field(ge=0, le=1023)], ...] = (0, 1, 2, 3)
     tp_size: Int = Field(default=1, ge=1, le=1024)
@@ -276,8 +291,6 @@ class GpuSection(_Model):
     @field_validator("build_sm")
     @classmethod
     def _build_sm(cls, v: str) -> str:
-        from .envinfo import normalize_sm
-
         if v and normalize_sm(v) is None:
             raise ValueError("expected a compute capability such as 80, sm_80 or 8.0")
         return v

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config import normalize_sm
+
 if TYPE_CHECKING:
     from .config import Config
     from .layout import Layout
@@ -266,20 +268,6 @@ def query_gpus(smi: str = "nvidia-smi", *, timeout: float = 10.0,
             continue
         gpus.append(Gpu(int(cells[0]), ", ".join(cells[1:-1]), cells[-1]))
     return gpus, None if gpus else f"{smi} listed no GPU: GPU architecture not checked"
-
-
-def normalize_sm(value: str | int | float | None) -> str | None:
-    """``80``, ``"sm_80"``, ``"SM80"``, ``"8.0"``, ``8.0`` -> ``"SM80"``; None for blank or junk."""
-    if value is None or isinstance(value, bool):
-        return None
-    text = str(value).strip().lower().replace("sm_", "").replace("sm", "").replace("compute_", "")
-    m = re.fullmatch(r"(\d+)\.(\d+)", text)
-    if m:
-        return f"SM{int(m.group(1))}{int(m.group(2))}"
-    m = re.fullmatch(r"(\d{2,3})([a-z]?)", text)
-    if m:
-        return f"SM{m.group(1)}{m.group(2)}"
-    return None
 
 
 def arch_warnings(expected_sm: str | int | None, gpus: Sequence[Gpu],
