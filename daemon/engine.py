@@ -94,7 +94,8 @@ from .notify import Notifier
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher
 from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
-from .services import ShopsimService, ValServerService
+from .services import ShopsimService
+from .valserver import ValServerService
 from .roundlog import STATUS_RECENT_ROUNDS
 from .store import ROUND_DONE_EVENT, SOCKET_FILE, Store, atomic_write_json
 

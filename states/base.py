@@ -35,7 +35,8 @@ from shoprld.daemon.secrets import Secrets
 if TYPE_CHECKING:
     import httpx
 
-    from shoprld.daemon.services import ShopsimService, ValServerService
+    from shoprld.daemon.services import ShopsimService
+    from shoprld.daemon.valserver import ValServerService
 
 # Re-exported for the stages and the engine, which name them through this module.
 __all__ = ["Clock", "Outcome", "OutcomeKind", "RoundContext", "StageCompleted", "StageRun", "StopFlags",

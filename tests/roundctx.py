@@ -14,7 +14,8 @@ import httpx
 
 from shoprld.daemon.processes import Child, Launcher, LocalLauncher, SystemClock
 from shoprld.daemon.roundplan import RoundPlan
-from shoprld.daemon.services import ShopsimService, ValServerService
+from shoprld.daemon.services import ShopsimService
+from shoprld.daemon.valserver import ValServerService
 from shoprld.states.base import RoundContext
 
 

@@ -45,7 +45,7 @@ from shoprld.daemon.config import load_config
 from shoprld.daemon.demo import create_tree
 from shoprld.daemon.layout import Layout
 from shoprld.daemon.roundplan import RoundPlan
-from shoprld.daemon.services import ValServerService
+from shoprld.daemon.valserver import ValServerService
 from tests.roundctx import standalone_context
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
