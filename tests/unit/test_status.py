@@ -374,8 +374,10 @@ def test_watch_refreshes_until_ctrl_c(campaign: tuple[Path, Path], as_json: bool
     cfg, state_dir = campaign
     write_snapshot(state_dir, snapshot(now=time.time(), step=3))
     args = [sys.executable, "-m", "shoprld.daemon.cli", "status", "--watch", "--interval", "0.05", "-c", str(cfg)]
+    # A terminal's Ctrl-C meets Python's own SIGINT handler; the child gets it even when this test
+    # runs under a runner that started it with SIGINT ignored (a background job inherits SIG_IGN).
     proc = subprocess.Popen(args + (["--json"] if as_json else []), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
     buf = b""
