@@ -20,6 +20,7 @@ Standard library only: ``shoprld status --json`` (a 100 ms budget) reads this fi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,22 +53,29 @@ def merge(*sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_round[r] for r in sorted(by_round)]
 
 
-def read(state_dir: Path) -> list[dict[str, Any]] | None:
-    """Every round's last record, sorted by round; None when the file does not exist (an
-    engine older than this file, or a campaign that never finished a round)."""
+def json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """Every well-formed JSON object line of an append-only file (the journal, this one); a torn
+    last line (a crash mid-append), a fused or a hostile one is skipped. Nothing when the file is
+    missing or unreadable."""
     try:
-        fh = open(state_dir / ROUNDS_FILE, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
+        fh = open(path, encoding="utf-8", errors="replace")
     except OSError:
-        return None
-    records: list[dict[str, Any]] = []
+        return
     with fh:
         for line in fh:
             try:
                 rec = json.loads(line)
-            except (ValueError, RecursionError):  # torn, fused or hostile
+            except (ValueError, RecursionError):
                 continue
-            if round_of(rec) is not None:
-                records.append({k: v for k, v in rec.items() if k != "t"})
-    return merge(records)
+            if isinstance(rec, dict):
+                yield rec
+
+
+def read(state_dir: Path) -> list[dict[str, Any]] | None:
+    """Every round's last record, sorted by round; None when the file does not exist (an
+    engine older than this file, or a campaign that never finished a round)."""
+    path = state_dir / ROUNDS_FILE
+    if not path.exists():
+        return None
+    return merge([{k: v for k, v in rec.items() if k != "t"} for rec in json_lines(path)
+                  if round_of(rec) is not None])

@@ -353,18 +353,7 @@ class Store:
 
     def journal(self) -> Iterator[dict[str, Any]]:
         """Every well-formed journal record; a torn last line (crash mid-append) is skipped."""
-        try:
-            fh = open(self.dir / JOURNAL_FILE, encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return
-        with fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):  # torn, fused or hostile
-                    continue
-                if isinstance(rec, dict):
-                    yield rec
+        yield from roundlog.json_lines(self.dir / JOURNAL_FILE)
 
     # -- state -------------------------------------------------------------------
     def save(self, state: dict[str, Any]) -> None:
