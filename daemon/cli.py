@@ -257,29 +257,36 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     return print_ledger(Path(args.config), as_json=args.json)
 
 
-def _lifecycle(args: argparse.Namespace) -> Any:
+def _oneshot_logs(args: argparse.Namespace) -> None:
     """One-shot commands print their own report: library events from WARNING only, on stderr."""
-    from . import lifecycle
     from .logs import configure
 
     configure(level="DEBUG" if args.debug else "WARNING", stream=sys.stderr)
-    return lifecycle
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    return int(_lifecycle(args).clean(Path(args.config), dry_run=args.dry_run, keep_final=args.keep_final))
+    from .clean import clean
+
+    _oneshot_logs(args)
+    return int(clean(Path(args.config), dry_run=args.dry_run, keep_final=args.keep_final))
 
 
 def cmd_export_campaign(args: argparse.Namespace) -> int:
-    return int(_lifecycle(args).export_campaign(Path(args.config), Path(args.out)))
+    from .campaignexport import export_campaign
+
+    _oneshot_logs(args)
+    return int(export_campaign(Path(args.config), Path(args.out)))
 
 
 def cmd_import_campaign(args: argparse.Namespace) -> int:
+    from .campaignimport import import_campaign
+
     def opt(v: str | None) -> Path | None:
         return Path(v) if v else None
 
-    return int(_lifecycle(args).import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
-                                                opt(args.state_dir), config_out=opt(args.config_out)))
+    _oneshot_logs(args)
+    return int(import_campaign(Path(args.bundle), Path(args.repo), Path(args.ephemeral_root),
+                               opt(args.state_dir), config_out=opt(args.config_out)))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -826,7 +826,9 @@ def _find_nul(data: Any, key: str = "") -> str | None:
     return None
 
 
-_PATH_KEYS = {
+# The keys that hold paths, by section: relative ones are resolved against the campaign file's dir
+# (_absolutize), and import-campaign re-points them to the new machine's roots.
+PATH_KEYS = {
     "storage": ("repo", "ephemeral_root", "state_dir", "project_root"),
     "train": ("base_load", "cwd", "conda_prefix"),
     "export": ("hf_dir", "origin_hf_dir", "cwd", "conda_prefix"),
@@ -841,7 +843,7 @@ _PATH_KEYS = {
 
 def _absolutize(data: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(data)
-    for section, keys in _PATH_KEYS.items():
+    for section, keys in PATH_KEYS.items():
         sec = out.get(section)
         if not isinstance(sec, dict):
             continue

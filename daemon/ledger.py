@@ -83,7 +83,9 @@ def make_row(**fields: Any) -> dict[str, str]:
     return {c: sanitize(fields.get(c)) for c in COLUMNS}
 
 
-def _parse(text: str) -> list[dict[str, str]]:
+def parse_rows(text: str) -> list[dict[str, str]]:
+    """The rows of one ledger TSV text, each keyed by every column ("" where the file lacks one);
+    ``#`` comment lines (the overflow pointer) are skipped. import-campaign merges with it."""
     rows: list[dict[str, str]] = []
     header: list[str] | None = None
     for line in text.split("\n"):  # not splitlines(): see _BREAKS
@@ -99,7 +101,8 @@ def _parse(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def _format(rows: list[dict[str, str]], comments: tuple[str, ...] = ()) -> bytes:
+def format_rows(rows: list[dict[str, str]], comments: tuple[str, ...] = ()) -> bytes:
+    """The ledger TSV for ``rows`` (header first, ``comments`` above it), as every ledger file is written."""
     lines = list(comments)
     lines.append("\t".join(COLUMNS))
     lines.extend("\t".join(r.get(c, "") for c in COLUMNS) for r in rows)
@@ -157,7 +160,7 @@ class Ledger:
         seen: set[str] = set()
         out: list[dict[str, str]] = []
         for text in (full_text, repo_text):
-            for row in _parse(text or ""):
+            for row in parse_rows(text or ""):
                 if row["index"] not in seen:
                     seen.add(row["index"])
                     out.append(row)
@@ -190,7 +193,7 @@ class Ledger:
 
     def _write(self, rows: list[dict[str, str]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        full = _format(rows)
+        full = format_rows(rows)
         if len(full) <= self.max_bytes and not self.overflow_path.exists():
             atomic_write(self.path, full)
             return
@@ -208,7 +211,7 @@ class Ledger:
         tail = rows[-self.summary_rows:]
         pointer = f"{POINTER_PREFIX}{self.overflow_path.resolve()} ({len(rows)} rows, {len(full) / MiB:.1f} MiB)"
         note = f"# this file keeps the last {len(tail)} rows; `shoprld ledger` prints them all"
-        atomic_write(self.path, _format(tail, (pointer, note)))
+        atomic_write(self.path, format_rows(tail, (pointer, note)))
 
 
 def git_info(repo: Path, timeout: float = 5.0) -> dict[str, str]:
@@ -248,7 +251,7 @@ def print_ledger(config_path: Path, as_json: bool = False) -> int:
         out.write(json.dumps(rows, indent=2) + "\n")
         return 0
     if not out.isatty():
-        out.write(_format(rows).decode())
+        out.write(format_rows(rows).decode())
         return 0
     from rich.console import Console
     from rich.table import Table

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from shoprld.daemon.campaignexport import BUNDLE_TOP, export_campaign
 from shoprld.daemon.cli import main
 from shoprld.daemon.config import load_config
 from shoprld.daemon.layout import Layout
-from shoprld.daemon.lifecycle import BUNDLE_TOP, dump_toml, export_campaign
+from shoprld.daemon.tomlwrite import dump_toml
 from tests.demotree import make_tree
 
 CLI = [sys.executable, "-m", "shoprld.daemon.cli"]

@@ -25,14 +25,11 @@ from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon.config import load_config
 from shoprld.daemon.errors import LockError
 from shoprld.daemon.layout import Layout
-from shoprld.daemon.lifecycle import (
-    LifecycleError,
-    Repointer,
-    clean,
-    dump_toml,
-    export_campaign,
-    import_campaign,
-)
+from shoprld.daemon.campaignexport import export_campaign
+from shoprld.daemon.campaignimport import Repointer, import_campaign
+from shoprld.daemon.clean import clean
+from shoprld.daemon.oneshot import LifecycleError
+from shoprld.daemon.tomlwrite import dump_toml
 from tests.demotree import (
     journal,
     kill_tree_leftovers,
