@@ -11,8 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+from .commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
 from .config import PLACEHOLDERS, Config, load_config
+from .disk import PreflightProblem
+from .envinfo import gpu_count_check, gpu_report, stage_env_versions
+from .hygiene import lines, scan_repo
 from .layout import Layout
+from .metrics import extras_problem
+from .preflight import df_text, preflight_problems, real_stack_problems, tmpdir_problems
+from .roundplan import resolve
 from .saves import describe as describe_saves
 from .saves import plan as plan_saves
 from .secrets import Secrets, load_secrets
@@ -24,14 +31,10 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     """Everything that would stop `shoprld run` before any work, as one line each: first what
     :func:`validate.problems` found (run refuses the same things at its start), then a too-long
     TMPDIR, secrets and PREFLIGHT_DISK's checks."""
-    from .preflight import preflight_problems, real_stack_problems, tmpdir_problems
-
     problems: list[str] = [p.line() for p in invalid]
     templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
     values: dict[str, str] = {}
     if templates_ok:
-        from .roundplan import resolve
-
         values = dict(resolve(cfg, layout, 0).values)
     # A too-long TMPDIR early: it is a config error that only shows hours into a round.
     problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
@@ -39,16 +42,12 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
-    from .metrics import extras_problem
-
     missing = extras_problem(cfg.metrics.textfile)
     if missing:
         problems.append(missing)
     problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))
-    from .commands import ANALYST_CONFIG, analyst_config_mismatches
-
     # The analyst's config is a file of the project, there before any round: judge it now.
     problems.extend(analyst_config_mismatches(cfg, layout.project_root / ANALYST_CONFIG))
     gpu_problem, _ = _gpu_count(cfg)
@@ -60,9 +59,6 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
 def _gpu_count(cfg: Config) -> tuple[str | None, str]:
     """(blocking line, note) for gpus.visible against ``nvidia-smi -L`` (skipped with a note when
     the recipe looks at no GPU, ``gpus.probe = "none"``, as the demo's stand-ins do)."""
-    from .disk import PreflightProblem
-    from .envinfo import gpu_count_check
-
     if cfg.gpus.probe == "none":
         return None, 'GPU count not checked (gpus.probe = "none")'
     problem, note = gpu_count_check(cfg.gpus.visible, smi=cfg.gpus.nvidia_smi)
@@ -107,9 +103,6 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out(f"\n.env keys present ({layout.env_file}): {', '.join(present) if present else 'none'}\n")
     need = cfg.required_secrets()
     out(f".env keys required: {', '.join(f'{k} ({why})' for k, why in need.items()) or 'none'}\n")
-    from .envinfo import gpu_report, stage_env_versions
-    from .hygiene import lines, scan_repo
-
     out("\nstage environments (tool versions, read in each env)\n")
     for env_versions in stage_env_versions(cfg, layout):
         out(f"  {env_versions.line()}\n")
@@ -122,14 +115,9 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     if print_commands and any(p.template for p in invalid):
         out("\nstage commands: not shown until the config is valid (see NOT READY below)\n")
     elif print_commands:
-        from .commands import describe_commands
-
         out("\nstage commands (round 0 and round 1; secrets masked)\n")
         for line in describe_commands(cfg, layout, secrets):
             out(f"{line}\n")
-    from .commands import shopsim_exposure_warning
-    from .preflight import df_text
-
     warning = shopsim_exposure_warning(cfg.shopsim.url)
     if warning:
         out(f"\nwarning: {warning}\n")

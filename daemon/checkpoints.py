@@ -920,7 +920,7 @@ Emit = Callable[[dict[str, Any]], Awaitable[None] | None]
 
 
 def _default_observer() -> ObserverLike:
-    from watchdog.observers import Observer  # inotify on Linux
+    from watchdog.observers import Observer  # inotify on Linux; lazy: only a running watcher needs watchdog
 
     observer: ObserverLike = Observer()
     return observer
@@ -929,7 +929,7 @@ def _default_observer() -> ObserverLike:
 def _event_filter() -> list[Any]:
     # Only what changes the save dir's own entries. Opens, reads and no-write closes are left
     # out on purpose: our own rescans open the tracker, and would otherwise wake us forever.
-    from watchdog import events as ev
+    from watchdog import events as ev  # lazy: as _default_observer
 
     return [
         ev.FileCreatedEvent, ev.FileModifiedEvent, ev.FileClosedEvent, ev.FileDeletedEvent,

@@ -37,15 +37,11 @@ import argparse  # noqa: E402  (after the hook: an interrupt during these import
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from shoprld import __version__  # noqa: E402  (the package: already imported)
+
 from .errors import EXIT_BUG, EXIT_PIPE, EXIT_USAGE, ShoprldError  # noqa: E402
 
 DEFAULT_CONFIG = "campaign.toml"
-
-
-def _version() -> str:
-    from shoprld import __version__
-
-    return __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done/stopped, 2 usage, 3 config/lock/preflight, 4 disk park, "
         "5 gate stop, 6 stage failed, 130 interrupted, 141 stdout closed early, 1 bug.",
     )
-    parser.add_argument("--version", action="version", version=f"shoprld {_version()}")
+    parser.add_argument("--version", action="version", version=f"shoprld {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -204,19 +200,19 @@ def _main(argv: list[str] | None) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .check import run_check
+    from .check import run_check  # lazy: the status path stays on the stdlib
 
     return run_check(Path(args.config), print_commands=args.print_commands, placeholders=args.placeholders)
 
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
-    from .rehearse import run_rehearse
+    from .rehearse import run_rehearse  # lazy: the status path stays on the stdlib
 
     return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from .templates import write_template
+    from .templates import write_template  # lazy: the status path stays on the stdlib
 
     path = Path(args.path)
     write_template(path, force=args.force)
@@ -225,61 +221,61 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine import run_campaign
+    from .engine import run_campaign  # lazy: the status path stays on the stdlib
 
     return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
                         adopt_state=args.adopt_state, verbose=args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import run_demo  # lazy: the status path stays on the stdlib
 
     return run_demo(Path(args.dir) if args.dir else None, fast=args.fast, debug=args.debug, rounds=args.rounds,
                     verbose=args.verbose, no_run=args.no_run)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .status import run_status
+    from .status import run_status  # lazy: the status path stays on the stdlib
 
     return run_status(Path(args.config), as_json=args.json, watch=args.watch, interval=args.interval)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .control import request_stop
+    from .control import request_stop  # lazy: the status path stays on the stdlib
 
     mode = "checkpoint" if args.at_checkpoint else "round" if args.after_round else "now"
     return request_stop(Path(args.config), mode)
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from .ledger import print_ledger
+    from .ledger import print_ledger  # lazy: the status path stays on the stdlib
 
     return print_ledger(Path(args.config), as_json=args.json)
 
 
 def _oneshot_logs(args: argparse.Namespace) -> None:
     """One-shot commands print their own report: library events from WARNING only, on stderr."""
-    from .logs import configure
+    from .logs import configure  # lazy: the status path stays on the stdlib
 
     configure(level="DEBUG" if args.debug else "WARNING", stream=sys.stderr)
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from .clean import clean
+    from .clean import clean  # lazy: the status path stays on the stdlib
 
     _oneshot_logs(args)
     return int(clean(Path(args.config), dry_run=args.dry_run, keep_final=args.keep_final))
 
 
 def cmd_export_campaign(args: argparse.Namespace) -> int:
-    from .campaignexport import export_campaign
+    from .campaignexport import export_campaign  # lazy: the status path stays on the stdlib
 
     _oneshot_logs(args)
     return int(export_campaign(Path(args.config), Path(args.out)))
 
 
 def cmd_import_campaign(args: argparse.Namespace) -> int:
-    from .campaignimport import import_campaign
+    from .campaignimport import import_campaign  # lazy: the status path stays on the stdlib
 
     def opt(v: str | None) -> Path | None:
         return Path(v) if v else None
@@ -290,13 +286,13 @@ def cmd_import_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import run_report
+    from .report import run_report  # lazy: the status path stays on the stdlib
 
     return run_report(Path(args.config), Path(args.output) if args.output else None)
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    from .service import install_service
+    from .service import install_service  # lazy: the status path stays on the stdlib
 
     return install_service(Path(args.config), user=args.user, write=args.write)
 

@@ -20,6 +20,7 @@ import tomllib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -34,6 +35,7 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .paths import special_file
 
 # Placeholders the engine fills in for every stage command (see states/base.py).
 PLACEHOLDERS: dict[str, str] = {
@@ -327,8 +329,6 @@ class ProcessSpec(_Model):
 
 def _http_url(v: str) -> str:
     """An http(s) URL with a host and a valid port (urlsplit raises on ``http://[::1``)."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(v)
         parts.port  # noqa: B018  (raises on a bad port)
@@ -769,8 +769,6 @@ def _format_error(file: Path, exc: ValidationError) -> str:
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a campaign file. Raises :class:`ConfigError` (one line)."""
     file = Path(path).expanduser()
-    from .paths import special_file
-
     kind = special_file(file)
     if kind is not None:  # never open it: a FIFO blocks, a device never ends
         raise ConfigError(f"{file}: is {kind}, not a campaign file; fix: pass the campaign's .toml file")

@@ -47,7 +47,9 @@ import anyio
 import anyio.abc
 
 from .errors import EXIT_CONFIG, ConfigError, LockError, ShoprldError
-from .store import LOCK_FILE, PID_FILE, SOCKET_FILE
+from .paths import QuickConfigError, quick_read, state_dir_from_toml
+from .status import probe_lock
+from .store import DAEMON_RECORD, LOCK_FILE, PID_FILE, SOCKET_FILE, proc_identity
 
 STOP_MODES = ("now", "checkpoint", "round")
 COMMANDS = ("status", "stop")
@@ -311,8 +313,6 @@ def query(state_dir: Path, request: dict[str, Any], timeout: float = 1.0) -> dic
 
 
 def _campaign_name(config_path: Path) -> str:
-    from .paths import quick_read
-
     try:
         name = quick_read(config_path).get("campaign", {}).get("name")
     except Exception:
@@ -344,9 +344,6 @@ def verified_daemon(state_dir: Path) -> tuple[int | None, str]:
     command) names it, it holds the lock, and its start time and cmdline are the recorded
     ones (so a reused pid, or a process that merely wrote a pid file, never does).
     """
-    from .status import probe_lock
-    from .store import DAEMON_RECORD, proc_identity
-
     lock = state_dir / LOCK_FILE
     held, holder = probe_lock(lock)
     if held is False:
@@ -381,8 +378,6 @@ def request_stop(config_path: Path, mode: str = "now") -> int:
     (same start time and cmdline); a lock held by anything else (a one-shot command, a stale
     pid file's reused pid) is refused in one line, exit 3, with nothing signalled (issue 15).
     """
-    from .paths import QuickConfigError, state_dir_from_toml
-
     if mode not in STOP_MODES:
         raise ValueError(f"stop mode {mode!r}; known: {', '.join(STOP_MODES)}")
     try:

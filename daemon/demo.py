@@ -26,6 +26,7 @@ from .engine import run_campaign
 from .errors import ConfigError
 from .roundlog import read as read_rounds
 from .roundplan import demo_dir
+from .status import round_label
 
 FAKE_ENV = (
     "# Demo secrets: obviously fake values. The demo's trainer stand-in checks that\n"
@@ -142,12 +143,12 @@ def run_demo(where: Path | None, *, fast: bool = False, debug: bool = False, rou
 
 def _report(campaign: Path, me: str) -> None:
     """Write the campaign report when the report extra is installed; else say how."""
-    from .report import ReportExtraMissing, write_report
+    from .report import ReportExtraMissing, write_report  # lazy: the daemon never imports the report (test_report)
 
     try:
         path = write_report(campaign)
     except ReportExtraMissing:
-        from .report import INSTALL_HINT
+        from .report import INSTALL_HINT  # lazy: as above
 
         print(f"  report   needs the report extra: {INSTALL_HINT}, then: {me} report -c {shlex.quote(str(campaign))}")
         return
@@ -162,8 +163,6 @@ def _summary(root: Path, code: int, took: float) -> None:
         status = json.loads((root / "state" / "status.json").read_text())
     except (OSError, ValueError):
         status = {}
-    from .status import round_label
-
     print(f"\nshoprld demo: exit {code}, state {status.get('state')}, {took:.1f}s")
     rounds = int(status.get("rounds") or 0)
     for r in read_rounds(root / "state") or status.get("rounds_done", []):  # status.json: the newest only

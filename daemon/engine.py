@@ -55,10 +55,12 @@ from . import sources
 from .alerts import Alerts
 from .attempts import Attempts
 from .children import Children
+from .console import Campaign, terminal_mode
 from .crashpoints import maybe_die
 from .diskwatch import DiskWatch
 from .config import Config, ProcessSpec, load_config, resolve_deadline
 from .errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
+from .identity import ensure, expected
 from .layout import Layout
 from .events import (
     CheckpointSeen,
@@ -70,6 +72,7 @@ from .events import (
     StageOutcome,
     StopRequested,
 )
+from .logs import add_file_handler, configure, set_secrets
 from .machine import (
     RETRY,
     ROUND_STATES,
@@ -90,11 +93,16 @@ from .machine import (
     Stop,
     decide,
 )
+from .metrics import TextfileMetrics, extras_problem
 from .notify import Notifier
+from .planning import make_plan
+from .preflight import forecast_for
 from .processes import CHILD_TAG, Child, ChildRecord, Launcher
+from .raylauncher import build_launcher
 from .roundplan import RoundPlan, RoundValues, demo_dir
 from .secrets import Secrets, load_secrets
 from .services import ShopsimService
+from .validate import validate
 from .valserver import ValServerService
 from .roundlog import STATUS_RECENT_ROUNDS
 from .store import ROUND_DONE_EVENT, SOCKET_FILE, Store, atomic_write_json
@@ -152,8 +160,6 @@ class Engine:
                  transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False) -> None:
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
-        from .raylauncher import build_launcher
-
         self._raw_launcher = launcher or build_launcher(cfg, layout)
         self.launcher: Launcher = _TaggingLauncher(self._raw_launcher, str(layout.state_dir))
         self.wait_for_space = wait_for_space
@@ -187,8 +193,6 @@ class Engine:
         self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal)
         self.metrics: Any = None
         if cfg.metrics.textfile is not None:
-            from .metrics import TextfileMetrics
-
             self.metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name)
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
@@ -244,8 +248,6 @@ class Engine:
 
     def _check_identity(self) -> None:
         """Refuse (exit 3) a state dir that belongs to another campaign, before reading it."""
-        from .identity import ensure, expected
-
         want = expected(self.cfg.campaign.name, self.cfg.campaign.experiment, self.layout.repo,
                         self.layout.ephemeral_root)
         done = ensure(self.layout.state_dir, want, adopt=self.adopt_state)
@@ -695,8 +697,6 @@ class Engine:
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""
-        from .logs import add_file_handler
-
         add_file_handler(self.layout.logs / "shoprld.log")
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
@@ -769,9 +769,6 @@ class Engine:
 
     def _plan(self) -> Any:
         """The rest of the campaign (daemon/planning.py), from what the engine already knows."""
-        from .planning import make_plan
-        from .preflight import forecast_for
-
         disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
         last = self.snap.get("last_checkpoint") or {}
         in_round = self.machine.state in ROUND_STATES
@@ -898,24 +895,17 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     The console gets JSON lines when piped or under systemd, the compact view on a
     terminal, and every event with ``verbose`` or ``debug`` (daemon/console.py).
     """
-    from .console import Campaign, terminal_mode
-    from .logs import configure, set_secrets
-
     cfg = load_config(config)
     layout = Layout.from_config(cfg)
     secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
     # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
     # child starts (the same function: issue 15).
-    from .validate import validate
-
     validate(cfg, layout)
     set_secrets(secrets)
     mode = terminal_mode(sys.stdout, verbose=verbose or debug)
     configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
               compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
-    from .metrics import extras_problem
-
     missing = extras_problem(cfg.metrics.textfile)
     if missing:
         raise ConfigError(missing)

@@ -20,6 +20,7 @@ also runs on a bare box.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -27,10 +28,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .condaenv import activation_argv
 from .config import normalize_sm
 
 if TYPE_CHECKING:
@@ -127,8 +129,6 @@ def probe(python: str, *, conda_prefix: str | None = None, env: Mapping[str, str
     argv = [python, "-c", _PROBE]
     own: Path | None = None
     if conda_prefix:
-        from .condaenv import activation_argv
-
         # The env's own interpreter, by its path: a bare name would fall back to the host's
         # python through PATH when the env has none, and report the host's versions as the env's.
         own = Path(conda_prefix) / "bin" / Path(python).name
@@ -173,8 +173,6 @@ def _inside(executable: str, prefix: Path) -> bool:
 
 
 def _with(v: EnvVersions, **changes: Any) -> EnvVersions:
-    from dataclasses import replace
-
     return replace(v, **changes)
 
 
@@ -353,8 +351,6 @@ def gpu_count_check(visible: Sequence[int], *, smi: str = "nvidia-smi",
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python daemon/envinfo.py [--expected-sm 80] [PYTHON...]``: the JSON report."""
-    import argparse
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--expected-sm", default=None)
     p.add_argument("pythons", nargs="*", default=[sys.executable])

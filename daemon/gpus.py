@@ -110,7 +110,7 @@ class NvmlProbe:
     name = "nvml"
 
     def __init__(self) -> None:
-        import pynvml
+        import pynvml  # lazy: optional extra [gpu]; ImportError picks the next probe
 
         self._nvml: Any = pynvml
 

@@ -44,7 +44,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .config import load_config
 from .errors import ShoprldError
+from .layout import Layout
 from .secrets import installed
 from .store import atomic_write
 
@@ -202,7 +204,7 @@ class Ledger:
             atomic_write(self.overflow_path, full)
         except OSError as exc:
             # The volume is full or gone: a big ledger in the repo beats a lost row.
-            import structlog
+            import structlog  # lazy: ~0.2 s, only on this failure; `shoprld ledger` never logs
 
             structlog.get_logger("shoprld.ledger").warning(
                 "ledger.overflow_failed", path=str(self.overflow_path), error=str(exc))
@@ -239,9 +241,6 @@ _TTY_COLUMNS = ("index", "status", "metric_name", "metric_value", "elapsed_min",
 
 def print_ledger(config_path: Path, as_json: bool = False) -> int:
     """``shoprld ledger``: the TSV (piped), a table (terminal) or a JSON list."""
-    from .config import load_config
-    from .layout import Layout
-
     cfg = load_config(config_path)
     layout = Layout.from_config(cfg)
     ledger = Ledger(layout.ledger, overflow_dir=layout.campaign_root / "ledger")
@@ -253,7 +252,7 @@ def print_ledger(config_path: Path, as_json: bool = False) -> int:
     if not out.isatty():
         out.write(format_rows(rows).decode())
         return 0
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich only for a terminal, as status does
     from rich.table import Table
 
     console = Console(highlight=False)

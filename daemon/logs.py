@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from .console import CompactHandler, CompactRenderer
 from .secrets import Secrets, install, installed
 
 
@@ -102,8 +103,6 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
             h.close()
     out: logging.Handler
     if compact is not None:
-        from .console import CompactHandler, CompactRenderer
-
         out = CompactHandler(_RedactingStream(stream))
         out.setFormatter(structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_shared(),

@@ -106,7 +106,7 @@ class Machine:
     """The table, validated by `transitions`. ``fire`` moves the state, or raises."""
 
     def __init__(self, initial: State = State.PREFLIGHT_DISK) -> None:
-        from transitions import Machine as _TMachine
+        from transitions import Machine as _TMachine  # lazy: only a running engine builds the table
 
         self._model = _Model()
         self._m = _TMachine(

@@ -40,7 +40,7 @@ def extras_problem(textfile: Path | None) -> str | None:
     if textfile is None:
         return None
     try:
-        import prometheus_client  # noqa: F401
+        import prometheus_client  # noqa: F401  (lazy: optional extra [metrics], checked here)
     except ImportError:
         return (f"metrics.textfile = {textfile}: needs the prometheus-client package; "
                 f"fix: pip install 'shoprld[metrics]', or remove metrics.textfile")
@@ -59,7 +59,7 @@ class TextfileMetrics:
 
     def render(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> Any:
         """The registry for one status document (exposed for tests)."""
-        from prometheus_client import CollectorRegistry, Gauge
+        from prometheus_client import CollectorRegistry, Gauge  # lazy: optional extra [metrics]
 
         reg = CollectorRegistry()
         c = {"campaign": self.campaign}
@@ -95,7 +95,7 @@ class TextfileMetrics:
     def write(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> None:
         """Write the textfile atomically (temp + rename); never raises."""
         try:
-            from prometheus_client import write_to_textfile
+            from prometheus_client import write_to_textfile  # lazy: optional extra [metrics]
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_to_textfile(str(self.path), self.render(doc, counters))

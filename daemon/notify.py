@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .secrets import Redactor, installed
+from .status import round_label
 
 # systemd shows STATUS= on one line; keep it readable in `systemctl status`.
 MAX_STATUS_LEN = 200
@@ -120,8 +121,6 @@ def status_line(snap: Mapping[str, Any]) -> str:
     state = snap.get("state") or "?"
     rounds = _int(snap.get("rounds"))
     rnd = _int(snap.get("round"))
-    from .status import round_label  # stdlib only: the one naming of rounds
-
     shown = round_label(min(rnd, rounds - 1) if rounds > 0 else rnd, rounds)
     ck = snap.get("last_checkpoint")
     ckpt = f" ckpt {ck.get('iteration')}" if isinstance(ck, dict) and ck.get("iteration") is not None else ""

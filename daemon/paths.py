@@ -8,6 +8,7 @@ full, validated :class:`~shoprld.daemon.layout.Layout` uses the same function.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,8 +38,6 @@ def special_file(path: Path) -> str | None:
     """What ``path`` is when it exists but is neither a regular file nor a dir (a FIFO, a device,
     a socket), else None. Such a campaign file is refused before it is opened: opening a FIFO
     blocks until a writer comes, and a device can be read forever (issue 15)."""
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except OSError:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .status import fmt_bytes, fmt_duration, round_label
+
 EVENT = "plan.next_round_wont_fit"
 
 
@@ -44,8 +46,6 @@ class Plan:
 
     def problems(self) -> list[tuple[str, str]]:
         """(reason, one line) for each "no": reason is ``deadline`` or ``disk``."""
-        from .status import fmt_bytes, fmt_duration, round_label
-
         out: list[tuple[str, str]] = []
         if self.next_round is None:
             return out

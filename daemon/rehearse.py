@@ -44,11 +44,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
 
 from .config import Config, load_config
+from .engine import Engine
 from .errors import EXIT_OK, EXIT_STAGE, LockError
 from .layout import Layout
+from .logs import configure, set_secrets
 from .roundplan import demo_dir
+from .secrets import load_secrets
+from .toolout import ToolOutputError, last_json_object
+from .validate import validate
 
 TIME_LIMIT_S = 600.0
 ROLLOUTS = 2
@@ -65,8 +73,6 @@ def _free_port() -> int:
 
 
 def _hostport(url: str) -> str:
-    from urllib.parse import urlsplit
-
     p = urlsplit(url)
     return f"{p.hostname}:{p.port or (443 if p.scheme == 'https' else 80)}"
 
@@ -254,8 +260,6 @@ def _records(sc: Scratch) -> dict[str, list[dict[str, Any]]]:
 def _payload(stage: str, rec: dict[str, Any], *, need: tuple[str, ...] = ("status",),
              status: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """The tool's final JSON payload per the contract (indented, at the end of stdout)."""
-    from .toolout import ToolOutputError, last_json_object
-
     text = rec.get("stdout", "")
     try:
         obj = last_json_object(text, source=stage)
@@ -464,13 +468,6 @@ def _journal(state_dir: Path) -> list[dict[str, Any]]:
 def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False, debug: bool = False,
                  time_limit: float = TIME_LIMIT_S, scratch_dir: Path | None = None) -> int:
     """``shoprld rehearse``: the verdicts on stdout; 0 all ok, 6 any stage not ok."""
-    import anyio
-
-    from .engine import Engine
-    from .logs import configure, set_secrets
-    from .secrets import load_secrets
-    from .validate import validate
-
     t0 = time.monotonic()
     cfg = load_config(config)
     layout = Layout.from_config(cfg)

@@ -40,7 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shoprld import __version__
+
+from .config import load_config
 from .errors import ConfigError
+from .layout import Layout
+from .ledger import Ledger
+from .paths import quick_read
+from .secrets import load_secrets
+from .status import collect, fmt_bytes, fmt_duration
+from .store import atomic_write
 
 INSTALL_HINT = "pip install 'shoprld[report]'"
 FINAL = ("DONE", "STOPPED", "FAILED", "PAUSED_DISK")
@@ -189,14 +198,6 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool) ->
 
 def gather(config_path: Path) -> ReportData:
     """Read the campaign's journal, state, status and ledger (read-only; see the module docstring)."""
-    from shoprld import __version__
-
-    from .config import load_config
-    from .layout import Layout
-    from .ledger import Ledger
-    from .secrets import load_secrets
-    from .status import collect
-
     cfg = load_config(config_path)
     layout = Layout.from_config(cfg)
     red = load_secrets(layout.env_file, extra_keys=cfg.required_secrets()).redactor
@@ -255,11 +256,11 @@ def gather(config_path: Path) -> ReportData:
 def _pyplot() -> Any:
     """matplotlib on the Agg backend (no display), or one line saying how to install it."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: optional extra [report]; missing -> one line
     except ImportError:
         raise ReportExtraMissing(f"shoprld report needs matplotlib (the report extra); fix: {INSTALL_HINT}") from None
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the Agg backend is chosen
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "shoprld", "font.size": 9,
                          "axes.spines.top": False, "axes.spines.right": False})
@@ -292,7 +293,7 @@ def _empty(ax: Any, text: str) -> None:
 
 
 def plot_timeline(plt: Any, d: ReportData) -> str:
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: optional extra [report]
     from matplotlib.patches import Patch
 
     lanes = max([d.rounds, *[s[3] + 1 for s in d.segments], 1])
@@ -329,7 +330,7 @@ GATE_COLOURS = {"complete": "#009E73", "incomplete": "#E69F00"}
 
 
 def plot_val(plt: Any, d: ReportData) -> str:
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # lazy: optional extra [report]
 
     fig, ax = plt.subplots(figsize=(8, 3.2))
     rows = [r for r in d.rounds_done if _num(r.get("val")) is not None and _int(r.get("round")) is not None]
@@ -421,8 +422,6 @@ def _when(t: Any) -> str:
 
 def render(d: ReportData) -> str:
     """The report as one HTML document (needs matplotlib; see :func:`_pyplot`)."""
-    from .status import fmt_bytes, fmt_duration
-
     plt = _pyplot()
     plots = {"timeline": ("Timeline: states per round", plot_timeline(plt, d)),
              "val": ("Validation metric and gate decision per round", plot_val(plt, d)),
@@ -466,16 +465,12 @@ def render(d: ReportData) -> str:
 
 def default_output(config_path: Path) -> Path:
     """``<campaign file's dir>/<campaign>-report.html`` (the campaign name from the file)."""
-    from .paths import quick_read
-
     name = str((quick_read(config_path).get("campaign") or {}).get("name") or "campaign")
     return config_path.resolve().parent / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-report.html"
 
 
 def write_report(config_path: Path, out: Path | None = None) -> Path:
     """Gather, render and write the report atomically; returns its path."""
-    from .store import atomic_write
-
     _pyplot()  # fail first, in one line, when the extra is missing
     data = gather(config_path)
     dest = out or default_output(config_path)

@@ -220,7 +220,7 @@ def load_secrets(env_file: Path, *, extra_keys: Iterable[str] = ()) -> Secrets:
     """
     # The parser only, not dotenv_values(): that one logs python-dotenv's own warning (no
     # file name) on stderr for every bad line, a second line beside ours.
-    from dotenv.parser import parse_stream
+    from dotenv.parser import parse_stream  # lazy: `shoprld stop` imports this module (control)
 
     data = _read(env_file)
     if data is None:

@@ -21,6 +21,7 @@ This module never runs ``systemctl``: it prints the commands for the operator.
 
 from __future__ import annotations
 
+import argparse
 import grp
 import os
 import pwd
@@ -31,9 +32,13 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
-from .errors import EXIT_OK, ConfigError
+from .config import load_config
+from .errors import EXIT_OK, ConfigError, ShoprldError
+from .layout import Layout
+from .paths import default_state_dir
 
 UNIT_NAME = "shoprld@.service"
 # Characters an instance may hold without systemd-escape (which would make %i differ from
@@ -66,8 +71,6 @@ def template_text() -> str:
     """The unit template: packaged data if shipped, else the source tree's ``systemd/``."""
     candidates: list[Path] = []
     try:
-        from importlib.resources import files
-
         candidates.append(Path(str(files("shoprld.daemon") / UNIT_NAME)))
     except (ImportError, ModuleNotFoundError, TypeError):  # pragma: no cover - always importable here
         pass
@@ -201,10 +204,6 @@ def instance_name(config_path: Path) -> str:
 def render(config_path: str | os.PathLike[str], *, user: bool, version: int | None = None,
            environ: Mapping[str, str] = os.environ, command: list[str] | None = None) -> Rendered:
     """Render the unit for one campaign file; see :func:`render_unit`."""
-    from .config import load_config
-    from .layout import Layout
-    from .paths import default_state_dir
-
     # absolute, NOT resolved: a symlinked /etc/shoprld/NAME.toml keeps its name and dir.
     config = Path(os.path.abspath(os.fspath(config_path)))
     inst = instance_name(config)
@@ -390,10 +389,6 @@ def install_service(config_path: str | os.PathLike[str], user: bool, write: bool
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m shoprld.daemon.service -c FILE [--user] [--write]`` (same as install-service)."""
-    import argparse
-
-    from .errors import ShoprldError
-
     p = argparse.ArgumentParser(prog="python -m shoprld.daemon.service")
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--user", action="store_true")

@@ -32,7 +32,9 @@ points the tracker back, so TRAIN retrains them against a live ShopSim.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -378,9 +380,6 @@ def _redirect_service_log(plan: RoundPlan, host: ServiceHost) -> None:
     ``runs/`` is redirected), so the request log never grows inside the checkout. A real file
     already there is moved next to the target first. Best effort: a read-only checkout is
     logged, not fatal."""
-    import os
-    import shutil
-
     where = service_dir(plan)
     if where is None or not where.is_dir():
         return
@@ -402,8 +401,6 @@ def _redirect_service_log(plan: RoundPlan, host: ServiceHost) -> None:
 
 
 def _read_witness(path: Path | None) -> dict[str, Any] | None:
-    import json
-
     if path is None:
         return None
     try:

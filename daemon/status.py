@@ -567,7 +567,7 @@ def render_rich(items: list[Item], console: Any) -> Any:
 
     Long values wrap under the value column (a hanging indent), not under the labels.
     """
-    from rich.console import Group
+    from rich.console import Group  # lazy: rich only for a terminal (module docstring)
     from rich.text import Text
 
     indent = Text(" " * LABEL_WIDTH)
@@ -607,7 +607,7 @@ def run_status(config_path: Path, as_json: bool = False, watch: bool = False, in
                 out.write("\n")  # frames are separated by one blank line
                 out.flush()
                 time.sleep(interval)
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich only for a terminal (module docstring)
 
         console = Console(highlight=False)
         unicode = not console.options.ascii_only
@@ -618,7 +618,7 @@ def run_status(config_path: Path, as_json: bool = False, watch: bool = False, in
         if not watch:
             console.print(frame())
             return 0
-        from rich.live import Live
+        from rich.live import Live  # lazy: as Console above
 
         with Live(frame(), console=console, auto_refresh=False, redirect_stdout=False) as live:
             while True:

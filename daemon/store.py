@@ -469,7 +469,7 @@ class Store:
 
 def _snapshot_of(line_or_rec: str | dict[str, Any]) -> dict[str, Any] | None:
     """The validated snapshot a journal line carries, or None."""
-    from .statedoc import validate
+    from .statedoc import validate  # pydantic: as _load_state
 
     try:
         rec = json.loads(line_or_rec) if isinstance(line_or_rec, str) else line_or_rec

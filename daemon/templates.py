@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from .errors import ConfigError
+from .store import atomic_write
 
 TEMPLATE = '''\
 # shoprld campaign file. Validate with `shoprld check -c THIS_FILE`.
@@ -97,11 +100,6 @@ def write_template(path: Path, *, force: bool = False) -> None:
     Written to a private temp file beside it, then renamed: a full disk or a read-only dir
     never leaves half a template, and every failure is one line (exit 3).
     """
-    import os
-    import stat
-
-    from .store import atomic_write
-
     try:
         st = os.stat(path)
     except FileNotFoundError:

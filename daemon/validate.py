@@ -33,6 +33,7 @@ from pathlib import Path
 from .config import Config, ProcessSpec
 from .errors import ConfigError, PreflightError, ShoprldError
 from .layout import Layout
+from .roundplan import resolve
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # RAM-backed filesystems: whatever lands there is gone at the next reboot.
@@ -87,8 +88,6 @@ def _rounds(cfg: Config) -> list[int]:
 
 
 def _expansion(cfg: Config, layout: Layout) -> Iterator[Problem]:
-    from .roundplan import resolve
-
     src = cfg.source
     for r in _rounds(cfg):
         try:
@@ -154,8 +153,6 @@ def _is_executable(path: Path) -> bool:
 
 
 def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
-    from .roundplan import resolve
-
     src = cfg.source
     values = dict(resolve(cfg, layout, 0, planned=True).values)
     base_path = layout.child_env(cfg).get("PATH", os.defpath)

@@ -8,6 +8,8 @@ the campaign and cache layout, the managed ``runs/`` link and the ballast file.
 
 from __future__ import annotations
 
+from shoprld.daemon import checkpoints as ckpt
+from shoprld.daemon.disk import Ballast
 from shoprld.daemon.errors import PreflightError
 from shoprld.daemon.machine import State
 from shoprld.daemon.preflight import preflight_problems, real_stack_problems, tmpdir_problems
@@ -24,8 +26,6 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    from shoprld.daemon import checkpoints as ckpt
-
     last = ckpt.scan(ctx.layout.save_dir).latest_complete
     # A TMPDIR too long for a unix socket fails Megatron's first save hours in: refuse now.
     tmp = tmpdir_problems(ctx.cfg, ctx.layout, ctx.values())
@@ -39,8 +39,6 @@ async def run(ctx: RoundContext) -> Outcome:
     problems += real_stack_problems(ctx.cfg, ctx.values())
     if problems:
         raise PreflightError(problems[0].line())
-    from shoprld.daemon.disk import Ballast
-
     ballast = Ballast(ctx.layout.ballast, ctx.cfg.disk.ballast)
     if ctx.cfg.disk.ballast and not ballast.ensure():
         ctx.emit("disk.ballast_failed", path=str(ctx.layout.ballast), bytes=ctx.cfg.disk.ballast)

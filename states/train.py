@@ -31,10 +31,12 @@ import anyio
 from shoprld.daemon import bundles
 from shoprld.daemon import checkpoints as ckpt
 from shoprld.daemon import gpus, saves
+from shoprld.daemon.commands import port_mismatches
 from shoprld.daemon.disk import log_says_enospc
 from shoprld.daemon.machine import State
 from shoprld.daemon.processes import Child
 from shoprld.daemon.services import CLIENT_ROLES
+from shoprld.daemon.toolout import ToolOutputError, last_json_object, require_keys
 
 from .base import Outcome, RoundContext
 
@@ -62,8 +64,6 @@ async def run(ctx: RoundContext) -> Outcome:
         await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
-        from shoprld.daemon.commands import port_mismatches
-
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
@@ -400,8 +400,6 @@ def check_verdict(output: str, returncode: int | None) -> tuple[str, str] | None
     error. A truncated or missing payload after exit 0 is retried (the output was cut short);
     everything else fails the stage: the check's inputs will not fix themselves.
     """
-    from shoprld.daemon.toolout import ToolOutputError, last_json_object, require_keys
-
     if returncode != 0:
         lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
         last = lines[-1][:300] if lines else "no output"
