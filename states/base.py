@@ -23,20 +23,20 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 
-from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon.config import Config, ProcessSpec
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.machine import State
-from shoprld.daemon.paths import round_id as round_id  # re-exported: stages and commands name it here
-from shoprld.daemon.processes import Child, Clock, Launcher, SystemClock
-from shoprld.daemon.roundplan import RoundPlan, RoundValues, read_json
-from shoprld.daemon.secrets import Secrets
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.config import Config, ProcessSpec
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.paths import round_id as round_id  # re-exported: stages and commands name it here
+from shoprld.daemon.services.processes import Child, Clock, Launcher, SystemClock
+from shoprld.daemon.round.plan import RoundPlan, RoundValues, read_json
+from shoprld.daemon.foundation.secrets import Secrets
 
 if TYPE_CHECKING:
     import httpx
 
-    from shoprld.daemon.services import ShopsimService
-    from shoprld.daemon.valserver import ValServerService
+    from shoprld.daemon.services.shopsim import ShopsimService
+    from shoprld.daemon.services.valserver import ValServerService
 
 # Re-exported for the stages and the engine, which name them through this module.
 __all__ = ["Clock", "Outcome", "OutcomeKind", "RoundContext", "StageCompleted", "StageRun", "StopFlags",
@@ -80,7 +80,7 @@ class RoundContext:
     """Everything a stage may use for one round: the round's plan plus the services.
 
     Composed, not subclassed: what the round *is* (ids, paths, template values) lives in
-    :class:`~shoprld.daemon.roundplan.RoundPlan`; this adds what the round *does* with it
+    :class:`~shoprld.daemon.round.plan.RoundPlan`; this adds what the round *does* with it
     (launch, register, emit, the services). Built by the engine, read by stages.
     """
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon import hfexport
-from shoprld.daemon.machine import State
-from shoprld.daemon.store import atomic_write_json
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import hfexport
+from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.store import atomic_write_json
 
 from .base import Outcome, RoundContext
 

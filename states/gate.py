@@ -2,7 +2,7 @@
 
 Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the compile is
 overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts, read by
-the real tool's rules (``daemon/toolfiles.py``): no ``status`` on success; ``failed`` means a
+the real tool's rules (``daemon/foundation/toolfiles.py``): no ``status`` on success; ``failed`` means a
 fallback pool of the current skills and no proposal ledger (the round keeps the previous
 history ledger, and says so); a success-shaped summary with 0 candidates and only analyst
 errors is a "silent empty" analysis (journaled, recorded, ``gate.empty_analysis`` decides).
@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shoprld.daemon.machine import State
-from shoprld.daemon.retry import may_retry
-from shoprld.daemon.store import atomic_write_json
-from shoprld.daemon.toolfiles import Analysis, GateResult, read_analysis, read_gate
-from shoprld.daemon.toolout import ToolOutputError
+from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.retry import may_retry
+from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.toolfiles import Analysis, GateResult, read_analysis, read_gate
+from shoprld.daemon.foundation.toolout import ToolOutputError
 
 from .base import Outcome, RoundContext
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon.bundles import causes_of_round
-from shoprld.daemon.ledger import Ledger, git_info, make_row
-from shoprld.daemon.machine import State
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.bundles import causes_of_round
+from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row
+from shoprld.daemon.round.machine import State
 
 from .base import Outcome, RoundContext, read_json
 

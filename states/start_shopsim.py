@@ -1,13 +1,13 @@
 """START_SHOPSIM: ShopSim is up and ``/healthz`` says ``ready``; adopted when already healthy.
 
 The service itself (start, adopt, health, lease-leak recovery, supervision with backoff
-for the whole campaign) lives in :class:`shoprld.daemon.services.ShopsimService`; this
+for the whole campaign) lives in :class:`shoprld.daemon.services.shopsim.ShopsimService`; this
 state only waits for it to be ready, within ``shopsim.start_timeout``.
 """
 
 from __future__ import annotations
 
-from shoprld.daemon.machine import State
+from shoprld.daemon.round.machine import State
 
 from .base import Outcome, RoundContext
 

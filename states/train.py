@@ -28,15 +28,16 @@ from pathlib import Path
 
 import anyio
 
-from shoprld.daemon import bundles
-from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon import gpus, saves
-from shoprld.daemon.commands import port_mismatches
-from shoprld.daemon.disk import log_says_enospc
-from shoprld.daemon.machine import State
-from shoprld.daemon.processes import Child
-from shoprld.daemon.services import CLIENT_ROLES
-from shoprld.daemon.toolout import ToolOutputError, last_json_object, require_keys
+from shoprld.daemon.foundation import bundles
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.services import gpus
+from shoprld.daemon.round import saves
+from shoprld.daemon.services.commands import port_mismatches
+from shoprld.daemon.foundation.disk import log_says_enospc
+from shoprld.daemon.round.machine import State
+from shoprld.daemon.services.processes import Child
+from shoprld.daemon.services.shopsim import CLIENT_ROLES
+from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object, require_keys
 
 from .base import Outcome, RoundContext
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.demo import create_tree
+from shoprld.daemon.ops.demo import create_tree
 
-SHOPRLD = [sys.executable, "-m", "shoprld.daemon.cli"]
+SHOPRLD = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 # Exact run-dir names: archived attempts (``<dir>.archived-N``) are not results.
 _R = "runs/round-[0-9][0-9][0-9]"
 RESULT_GLOBS = (f"{_R}-bare-val/summary.json", f"{_R}-online-gate/online_gate_manifest.json",
@@ -199,7 +199,7 @@ class CmdlineSampler(threading.Thread):
 LOCK_HOLDER = """
 import sys
 from pathlib import Path
-from shoprld.daemon.store import Store
+from shoprld.daemon.foundation.store import Store
 Store(Path(sys.argv[1])).acquire_lock()
 print("ready", flush=True)
 sys.stdin.read()

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from shoprld.daemon.processes import Child, Launcher, LocalLauncher, SystemClock
-from shoprld.daemon.roundplan import RoundPlan
-from shoprld.daemon.services import ShopsimService
-from shoprld.daemon.valserver import ValServerService
+from shoprld.daemon.services.processes import Child, Launcher, LocalLauncher, SystemClock
+from shoprld.daemon.round.plan import RoundPlan
+from shoprld.daemon.services.shopsim import ShopsimService
+from shoprld.daemon.services.valserver import ValServerService
 from shoprld.states.base import RoundContext
 
 

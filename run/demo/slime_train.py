@@ -430,7 +430,7 @@ def main() -> int:
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
         # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
-        # `save_interval` rollouts, and always at the last one (daemon/saves.py has the lines).
+        # `save_interval` rollouts, and always at the last one (daemon/round/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
             timed_save(args, rollout_id, faults)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1

@@ -152,7 +152,7 @@ def main() -> int:
     # -- deep verification ---------------------------------------------------------------------
     final_verify = []
     try:
-        from shoprld.daemon.checkpoints import deep_verify, scan
+        from shoprld.daemon.foundation.checkpoints import deep_verify, scan
 
         if save is not None:
             sc = scan(save)

@@ -81,9 +81,9 @@ GPUS=$($PY -c "print(', '.join(str(i) for i in range($NGPU)))")
 log "GPUs: $NGPU ([$GPUS]); device=$DEVICE; model: hidden=$HID layers=$LAYERS heads=$HEADS vocab=$VOCAB seq=$SEQ"
 
 # -- 3. the engine change megatron-core 0.19 needs ---------------------------------------------
-CKPY=$($PY -c 'import shoprld.daemon.checkpoints as c; print(c.__file__)')
+CKPY=$($PY -c 'import shoprld.daemon.foundation.checkpoints as c; print(c.__file__)')
 # (The device run of 2026-11-30 patched the installed copy here; the fix is now in
-# daemon/checkpoints.py itself, so nothing is patched any more.)
+# daemon/foundation/checkpoints.py itself, so nothing is patched any more.)
 : "$CKPY"
 
 # -- 4. preflight: tiny model, fresh + resume, exporter, deep_verify ---------------------------
@@ -112,8 +112,8 @@ if [ "${SMOKE_PREFLIGHT:-1}" = 1 ]; then
 import json, os, re, sys
 from pathlib import Path
 pf, opt, rc, repo = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-from shoprld.daemon.checkpoints import deep_verify, scan
-from shoprld.daemon import hfexport
+from shoprld.daemon.foundation.checkpoints import deep_verify, scan
+from shoprld.daemon.foundation import hfexport
 sys.path.insert(0, os.path.join(repo, "run", "demo"))
 import _common
 s = scan(pf / f"save-{opt}")
@@ -138,7 +138,7 @@ T=$W/tree
 $PY - "$T" "$HERE" "$GPUS" "$NGPU" "$OPT" "$DEVICE" "$HID" "$LAYERS" "$HEADS" "$VOCAB" "$SEQ" <<'EOF'
 import re, shutil, sys
 from pathlib import Path
-from shoprld.daemon.demo import _free_port, create_tree
+from shoprld.daemon.ops.demo import _free_port, create_tree
 tree, here, gpus, ngpu, opt, device, hid, layers, heads, vocab, seq = sys.argv[1:]
 tree = Path(tree); tree.mkdir(parents=True, exist_ok=True)
 create_tree(tree, fast=True)
@@ -155,13 +155,13 @@ for f in ("train_mcore.py", "export_dcp_to_hf.py"):
 EOF
 [ -f "$T/campaign.toml" ] || { log "tree setup failed"; exit 1; }
 SAVE=$($PY -c "
-from shoprld.daemon.config import load_config; from shoprld.daemon.layout import Layout
+from shoprld.daemon.foundation.config import load_config; from shoprld.daemon.foundation.layout import Layout
 print(Layout.from_config(load_config('$T/campaign.toml')).save_dir)")
-$PY -m shoprld.daemon.cli check -c "$T/campaign.toml" >"$W/check.log" 2>&1; log "shoprld check rc=$? (tail below)"; tail -n 3 "$W/check.log"
+$PY -m shoprld.daemon.ops.cli check -c "$T/campaign.toml" >"$W/check.log" 2>&1; log "shoprld check rc=$? (tail below)"; tail -n 3 "$W/check.log"
 log "campaign: $T/campaign.toml; save dir $SAVE; kill during the saves of iterations $KILL_AT"
 mkdir -p "$T/torn"
 D0=$(date +%s.%N)
-timeout -s TERM -k 30 "$DTIMEOUT" $PY -m shoprld.daemon.cli run -c "$T/campaign.toml" >"$W/daemon.log" 2>&1 &
+timeout -s TERM -k 30 "$DTIMEOUT" $PY -m shoprld.daemon.ops.cli run -c "$T/campaign.toml" >"$W/daemon.log" 2>&1 &
 DPID=$!
 $PY "$HERE/monitor.py" --save-dir "$SAVE" --events "$W/monitor.jsonl" --torn-dir "$T/torn" --kill-at "$KILL_AT" \
     --daemon-pid "$DPID" --stop-file "$W/monitor.stop" >"$W/monitor.log" 2>&1 &
@@ -178,7 +178,7 @@ tail -n 15 "$W/daemon.log"
 ps -eo pid,pgid,sid,etimes,args | grep -E 'train_mcore|valserver|shopsim' | grep -v grep | tee "$W/leftovers.txt"
 
 # -- 6. results --------------------------------------------------------------------------------
-$PY -m shoprld.daemon.cli status --json -c "$T/campaign.toml" >"$OUT/status.json" 2>"$W/status.err" || cp "$T/state/status.json" "$OUT/status.json"
+$PY -m shoprld.daemon.ops.cli status --json -c "$T/campaign.toml" >"$OUT/status.json" 2>"$W/status.err" || cp "$T/state/status.json" "$OUT/status.json"
 cp "$T/state/journal.jsonl" "$OUT/journal.jsonl" 2>/dev/null
 cat "$W/monitor.log" >>"$W/monitor.jsonl.log" 2>/dev/null
 $PY "$HERE/report.py" --tree "$T" --events "$W/monitor.jsonl" --out "$OUT" --daemon-rc "$DRC" --daemon-s "$DS" \

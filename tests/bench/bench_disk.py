@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `shoprld` and `tests` imp
 
 import anyio
 import structlog
-from shoprld.daemon import disk
+from shoprld.daemon.foundation import disk
 
 from tests.fsfixtures import mount_tmpfs
 

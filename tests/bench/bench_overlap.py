@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script
 import anyio
 import httpx
 
-from shoprld.daemon.processes import Child, LocalLauncher, wait_port_free
+from shoprld.daemon.services.processes import Child, LocalLauncher, wait_port_free
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
 sys.path.insert(0, str(DEMO))

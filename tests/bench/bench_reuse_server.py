@@ -41,11 +41,11 @@ import anyio
 import httpx
 import structlog
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.demo import create_tree
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.roundplan import RoundPlan
-from shoprld.daemon.valserver import ValServerService
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.ops.demo import create_tree
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round.plan import RoundPlan
+from shoprld.daemon.services.valserver import ValServerService
 from tests.roundctx import standalone_context
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"

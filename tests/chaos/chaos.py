@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.demo import FAKE_ENV
+from shoprld.daemon.ops.demo import FAKE_ENV
 from tests.demotree import (
     journal,
     kill_tree_leftovers,

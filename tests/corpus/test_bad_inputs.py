@@ -19,7 +19,7 @@ import pytest
 
 from tests.demotree import kill_tree_leftovers, make_tree
 
-CLI = [sys.executable, "-m", "shoprld.daemon.cli"]
+CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 
 
 @dataclass

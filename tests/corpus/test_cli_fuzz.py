@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.demotree import make_tree
 
-CLI = [sys.executable, "-m", "shoprld.daemon.cli"]
+CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 # README's table: 0 ok, 1 bug (never expected here), 2 usage, 3 config/lock/preflight, 4 disk,
 # 5 gate, 6 stage, 130 interrupted, 141 reader left. `run`/`demo` are left out: they start campaigns.
 DOCUMENTED = {0, 2, 3, 4, 5, 6}

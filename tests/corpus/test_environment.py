@@ -18,7 +18,7 @@ import pytest
 from tests.demotree import make_tree
 from tests.fsfixtures import read_only, tmpfs_fixture  # noqa: F401  (fixture)
 
-CLI = [sys.executable, "-m", "shoprld.daemon.cli"]
+CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 
 
 def _cli(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -132,12 +132,12 @@ def hook(ev, args):
         sent.append(1)
         os.kill(os.getpid(), signal.SIGINT)
 sys.addaudithook(hook)
-from shoprld.daemon.cli import main
+from shoprld.daemon.ops.cli import main
 sys.exit(main(sys.argv[2:]))
 '''
 
 
-@pytest.mark.parametrize("at", ["argparse", "shoprld.daemon.errors", "shoprld.daemon.config", "CONFIG"])
+@pytest.mark.parametrize("at", ["argparse", "shoprld.daemon.foundation.errors", "shoprld.daemon.foundation.config", "CONFIG"])
 @pytest.mark.parametrize("cmd", ["check", "run"])
 def test_sigint_during_start_up_is_one_line_and_exit_130(campaign: Path, tmp_path: Path, at: str, cmd: str) -> None:
     """Ctrl-C while the CLI imports its modules or reads the config (before the engine's handlers):

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon import cli
-from shoprld.daemon.config import Config
-from shoprld.daemon.demo import create_tree
+from shoprld.daemon.ops import cli
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.ops.demo import create_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY_WANDB = "wandb-canary-15-fuzz-0a1b2c3d4e5f"

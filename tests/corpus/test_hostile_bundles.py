@@ -26,14 +26,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.campaignexport import BUNDLE_TOP, export_campaign
-from shoprld.daemon.cli import main
-from shoprld.daemon.config import load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.tomlwrite import dump_toml
+from shoprld.daemon.ops.campaignexport import BUNDLE_TOP, export_campaign
+from shoprld.daemon.ops.cli import main
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.tomlwrite import dump_toml
 from tests.demotree import make_tree
 
-CLI = [sys.executable, "-m", "shoprld.daemon.cli"]
+CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 IMPORT_CODES = {0, 3}  # done, or refused in one line (README: exit codes)
 CANARY = "canary-7f3a9c1e-do-not-copy"
 CORPUS = Path(__file__).with_name("bundles")

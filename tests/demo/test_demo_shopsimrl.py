@@ -70,7 +70,7 @@ def cards(root: Path) -> list[dict]:
 def test_emit_writes_the_four_round_configs(tmp_path: Path) -> None:
     """emit writes runs/loop/<round>/{slime,analysis,val,gate}.yaml as block YAML with the real keys only:
     no top-level round_id/seed (a `seed` in slime.yaml would override slime's --seed), the full val split."""
-    from shoprld.daemon.commands import _mini_yaml
+    from shoprld.daemon.services.commands import _mini_yaml
 
     loop = make_project(tmp_path, "http://127.0.0.1:5799", "http://127.0.0.1:30099")
     assert sorted(p.name for p in loop.iterdir()) == ["analysis.yaml", "gate.yaml", "slime.yaml", "val.yaml"]
@@ -223,7 +223,7 @@ def test_analyze_writes_pool_ledger_and_summary(tmp_path: Path) -> None:
     pool = json.loads((out / "candidate_pool.json").read_text())
     assert set(summary) == ANALYSIS_KEYS
     assert summary["triage_groups"] == pending and summary["candidates"] == len(pool["candidates"]) > 0
-    from shoprld.daemon.toolout import last_json_object
+    from shoprld.daemon.foundation.toolout import last_json_object
 
     assert last_json_object(res.stdout, source="analyze") == {**summary, "wandb_error": "wandb is not installed (demo stand-in)"}
     assert len(pool["current_skills"]) == 4 and all(c["operation"] == "ADD" for c in pool["candidates"])

@@ -61,7 +61,7 @@ def test_fresh_start_runs_from_zero_and_saves_like_slime(tmp_path: Path) -> None
 
 def test_each_save_is_timed_as_slimes_timer_logs_it(tmp_path: Path) -> None:
     """Every save is wrapped in slime's `Timer save_model start` / `end (elapsed: X.Xs)` lines
-    (daemon/saves.py reads the cost from them); DEMO_SAVE_SECONDS is a slow disk's extra time."""
+    (daemon/round/saves.py reads the cost from them); DEMO_SAVE_SECONDS is a slow disk's extra time."""
     res = train("--save", str(tmp_path / "s"), "--save-interval", "3", "--num-rollout", "5", DEMO_SAVE_SECONDS="0.3")
     assert res.returncode == 0, res.stderr
     assert saves(res.stdout) == [2, 4]

@@ -6,11 +6,11 @@ Run on a GPU machine (the lent H200: see run/gpu-smoke/README.md) from the repo 
     python3 tests/gpu/hygiene_h200.py --out run/gpu-smoke/results/hygiene-h200.json
 
 1. **Ours.** A "stage" is started the way the engine starts every child: by
-   :class:`~shoprld.daemon.processes.LocalLauncher` in a session of its own, with the campaign
+   :class:`~shoprld.daemon.services.processes.LocalLauncher` in a session of its own, with the campaign
    tag ``SHOPRLD_CHILD=<state_dir>|trainer`` in its environment (what ``engine._TaggingLauncher``
    adds). The stage starts a torch process that allocates ``--gib`` GiB on GPU 0, then exits: the
    torch process is orphaned, like an SGLang scheduler that outlives its job. The hygiene step
-   (:func:`shoprld.daemon.gpus.make_free`, the real NVML probe) must find it, stop it and report
+   (:func:`shoprld.daemon.services.gpus.make_free`, the real NVML probe) must find it, stop it and report
    the wait.
 2. **Not ours.** A torch process started outside our sessions, without the tag: the hygiene step
    must leave it alone and fail with one line naming its pid and memory.
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _import_shoprld() -> None:
     try:
-        import shoprld.daemon.gpus  # noqa: F401  (installed)
+        import shoprld.daemon.services.gpus  # noqa: F401  (installed)
         return
     except ImportError:
         pass
@@ -53,8 +53,8 @@ _import_shoprld()
 
 import anyio  # noqa: E402
 
-from shoprld.daemon import gpus  # noqa: E402
-from shoprld.daemon.processes import CHILD_TAG, LocalLauncher, pid_alive  # noqa: E402
+from shoprld.daemon.services import gpus  # noqa: E402
+from shoprld.daemon.services.processes import CHILD_TAG, LocalLauncher, pid_alive  # noqa: E402
 
 ALLOC = """
 import sys, time, torch

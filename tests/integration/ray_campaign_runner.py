@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shoprld.daemon import engine as engine_mod
-from shoprld.daemon.config import load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.raylauncher import build_launcher
+from shoprld.daemon.core import engine as engine_mod
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.ray import build_launcher
 
 
 def main() -> int:

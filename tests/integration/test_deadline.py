@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.config import deadline_seconds_or_time, load_config, resolve_deadline
-from shoprld.daemon.errors import ConfigError
+from shoprld.daemon.foundation.config import deadline_seconds_or_time, load_config, resolve_deadline
+from shoprld.daemon.foundation.errors import ConfigError
 from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, run_daemon, status
 
 # Paced steps: a round is mostly the trainer's sleeps, so its duration is steady under load.
@@ -146,7 +146,7 @@ def test_malformed_deadline_is_a_one_line_config_error(tmp_path: Path) -> None:
 def test_deadline_check_uses_the_median_round_duration() -> None:
     """The engine refuses a round when now + median(measured durations) passes the deadline, and never
     before any round was measured (unless the deadline already passed)."""
-    from shoprld.daemon.machine import Deadline
+    from shoprld.daemon.round.machine import Deadline
 
     class Probe:  # the engine hands machine.decide a Deadline.of(deadline, durations, now)
         def __init__(self, now: float, deadline: float | None, durations: list[float]) -> None:
@@ -166,7 +166,7 @@ def test_deadline_check_uses_the_median_round_duration() -> None:
 
 def test_status_view_shows_time_left_and_the_stop_conditions() -> None:
     """A running campaign's status reads "stop condition not yet met: r/R rounds, <time> left"."""
-    from shoprld.daemon.status import render_plain, view
+    from shoprld.daemon.foundation.status import render_plain, view
 
     now = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()
     snap = {"campaign": "demo", "state": "TRAIN", "round": 3, "rounds": 5, "rounds_done": [],

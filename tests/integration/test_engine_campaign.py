@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.machine import ROUND_STATES
+from shoprld.daemon.round.machine import ROUND_STATES
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, results, run_daemon, status
 
 ROUNDS = 5

@@ -1,6 +1,6 @@
 """GPU hygiene with real processes: a stage's orphan is stopped, a process not ours is refused.
 
-The GPU is the only fake: a probe (the documented :class:`~shoprld.daemon.gpus.GpuProbe` seam)
+The GPU is the only fake: a probe (the documented :class:`~shoprld.daemon.services.gpus.GpuProbe` seam)
 that says which live pids "hold GPU memory", or a stand-in ``nvidia-smi`` program named by
 ``gpus.nvidia_smi`` for the daemon run. The processes, sessions, tags and signals are real.
 """
@@ -18,10 +18,10 @@ from typing import Any
 
 import anyio
 
-from shoprld.daemon import gpus
-from shoprld.daemon.engine import _TaggingLauncher
-from shoprld.daemon.gpus import GpuProcess, Owners
-from shoprld.daemon.processes import CHILD_TAG, LocalLauncher, pid_alive
+from shoprld.daemon.services import gpus
+from shoprld.daemon.core.engine import _TaggingLauncher
+from shoprld.daemon.services.gpus import GpuProcess, Owners
+from shoprld.daemon.services.processes import CHILD_TAG, LocalLauncher, pid_alive
 from tests.demotree import journal, kill_tree_leftovers, make_tree, run_daemon
 
 GIB = 1024**3

@@ -31,10 +31,10 @@ ray = pytest.importorskip("ray", reason="ray[default] is not installed (tests/in
 
 import httpx
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.demo import create_tree
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.raylauncher import session_pids
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.ops.demo import create_tree
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.ray import session_pids
 
 RUNNER = Path(__file__).resolve().parent / "ray_campaign_runner.py"
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -220,9 +220,9 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     session with RAY_TMPDIR in a deep experiment dir (through the short /tmp link, since
     Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
     import anyio
-    from shoprld.daemon.config import config_from_dict
-    from shoprld.daemon.raylauncher import RayLauncher, ray_tmpdir_path
-    from shoprld.daemon.roundplan import resolve
+    from shoprld.daemon.foundation.config import config_from_dict
+    from shoprld.daemon.services.ray import RayLauncher, ray_tmpdir_path
+    from shoprld.daemon.round.plan import resolve
 
     if not RAY_BIN.exists():
         pytest.skip(f"no ray CLI next to {sys.executable}")

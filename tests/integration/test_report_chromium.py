@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon import report
+from shoprld.daemon.ops import report
 from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, make_tree, run_daemon
 
 pytestmark = pytest.mark.slow

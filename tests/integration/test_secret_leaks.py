@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.demo import FAKE_ENV
+from shoprld.daemon.ops.demo import FAKE_ENV
 from tests.demotree import CmdlineSampler, kill_tree_leftovers, leak_hits, make_tree, reference_run, run_daemon
 
 CANARIES = {
@@ -37,7 +37,7 @@ def test_canaries_appear_nowhere_after_a_crashed_and_resumed_campaign(tmp_path: 
     finally:
         sampler.stop()
         kill_tree_leftovers(tmp_path)
-    cli = [sys.executable, "-m", "shoprld.daemon.cli"]
+    cli = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
     texts = {
         "status": subprocess.run([*cli, "status", "-c", str(campaign)], capture_output=True, text=True).stdout,
         "status --json": subprocess.run([*cli, "status", "--json", "-c", str(campaign)], capture_output=True,
@@ -48,7 +48,7 @@ def test_canaries_appear_nowhere_after_a_crashed_and_resumed_campaign(tmp_path: 
         "cmdlines": "\n".join(sampler.cmdlines.values()),
     }
     try:
-        from shoprld.daemon.service import render_unit
+        from shoprld.daemon.ops.unit import render_unit
 
         texts["systemd unit"] = render_unit(campaign, user=False)
     except ImportError:
@@ -94,7 +94,7 @@ def test_a_failure_message_built_from_child_output_is_redacted_everywhere_it_is_
     finally:
         kill_tree_leftovers(tmp_path)
     assert proc.returncode == 6, proc.stderr[-2000:]
-    cli = [sys.executable, "-m", "shoprld.daemon.cli"]
+    cli = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
     texts = {
         "daemon stdout+stderr": proc.stdout + proc.stderr,
         "status": subprocess.run([*cli, "status", "-c", str(campaign)], capture_output=True, text=True).stdout,

@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from shoprld.daemon.demo import create_tree
+from shoprld.daemon.ops.demo import create_tree
 
 
 def main(root: Path, park_volume: Path) -> None:

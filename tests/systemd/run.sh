@@ -273,8 +273,8 @@ t_install() {
   if C "$VENV/bin/shoprld" --help 2>/dev/null | grep -q install-service; then
     HOW="shoprld install-service"; C "$VENV/bin/shoprld" install-service -c /srv/shoprld/demo.toml --write
   else  # until the lead wires the subcommand into cli.py: the same function, run as a module
-    HOW="python -m shoprld.daemon.service"
-    C "$VENV/bin/python" -m shoprld.daemon.service -c /srv/shoprld/demo.toml --write
+    HOW="python -m shoprld.daemon.ops.unit"
+    C "$VENV/bin/python" -m shoprld.daemon.ops.unit -c /srv/shoprld/demo.toml --write
   fi > "$OUT/install-service.txt" 2>&1 || { DETAIL="install-service failed: $(tail -2 "$OUT/install-service.txt")"; return 1; }
   cp "$ROOT/etc/systemd/system/shoprld@.service" "$OUT/unit.service"
   C systemd-analyze verify /etc/systemd/system/shoprld@.service > "$OUT/verify.txt" 2>&1 \

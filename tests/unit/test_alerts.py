@@ -10,10 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-from shoprld.daemon.alerts import Alerts, digest_text, next_digest
-from shoprld.daemon.config import NOTIFY_EVENTS, NotifySection, config_from_dict
-from shoprld.daemon.errors import ConfigError
-from shoprld.daemon.secrets import load_secrets, with_pattern
+from shoprld.daemon.core.alerts import Alerts, digest_text, next_digest
+from shoprld.daemon.foundation.config import NOTIFY_EVENTS, NotifySection, config_from_dict
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.secrets import load_secrets, with_pattern
 from tests.receiver import Receiver
 
 SECRET = "wandb-secret-value-123456"

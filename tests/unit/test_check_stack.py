@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.envinfo import gpu_count_check, list_gpu_indices, probe, stage_interpreters
-from shoprld.daemon.config import load_config
+from shoprld.daemon.foundation.envinfo import gpu_count_check, list_gpu_indices, probe, stage_interpreters
+from shoprld.daemon.foundation.config import load_config
 
 
 def _smi(bin_dir: Path, gpus: int) -> Path:
@@ -51,7 +51,7 @@ tp_size = 2
 
 def _check(campaign: Path, smi_dir: Path | None) -> subprocess.CompletedProcess[str]:
     path = f"{smi_dir}:/usr/bin:/bin" if smi_dir else "/usr/bin:/bin"
-    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)],
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": path, "HOME": str(campaign.parent / "home")})
 

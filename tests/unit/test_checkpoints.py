@@ -1,4 +1,4 @@
-"""The checkpoint reader, the round mapping, retention and deletion (shoprld.daemon.checkpoints)."""
+"""The checkpoint reader, the round mapping, retention and deletion (shoprld.daemon.foundation.checkpoints)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from shoprld.daemon.checkpoints import (
+from shoprld.daemon.foundation.checkpoints import (
     TRACKER_NAME,
     Checkpoint,
     IterationMapping,
@@ -33,7 +33,7 @@ from shoprld.daemon.checkpoints import (
     roll_back_to,
     scan,
 )
-from shoprld.daemon.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
+from shoprld.daemon.foundation.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
 
 METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                  "common_backend": "torch", "common_backend_version": 1}  # fmt: skip

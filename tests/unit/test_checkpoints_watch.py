@@ -1,4 +1,4 @@
-"""CheckpointWatcher on a real tmpfs, in inotify and in poll mode (shoprld.daemon.checkpoints)."""
+"""CheckpointWatcher on a real tmpfs, in inotify and in poll mode (shoprld.daemon.foundation.checkpoints)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from shoprld.daemon.checkpoints import TRACKER_NAME, CheckpointWatcher, ObserverLike, iter_dir
+from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, CheckpointWatcher, ObserverLike, iter_dir
 
 pytestmark = pytest.mark.root
 

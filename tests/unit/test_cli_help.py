@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shoprld.daemon.cli import build_parser
+from shoprld.daemon.ops.cli import build_parser
 
 
 def _walk(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, argparse.Action]]:

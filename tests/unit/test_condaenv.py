@@ -17,12 +17,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.condaenv import activation_argv
-from shoprld.daemon.config import ProcessSpec, config_from_dict
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.processes import LocalLauncher
-from shoprld.daemon.raylauncher import entrypoint_of
-from shoprld.daemon.roundplan import RoundPlan, resolve
+from shoprld.daemon.foundation.condaenv import activation_argv
+from shoprld.daemon.foundation.config import ProcessSpec, config_from_dict
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.processes import LocalLauncher
+from shoprld.daemon.services.ray import entrypoint_of
+from shoprld.daemon.round.plan import RoundPlan, resolve
 from tests.roundctx import standalone_context
 
 DUMP = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.config import expand, load_config, parse_duration, parse_size
-from shoprld.daemon.errors import ConfigError
+from shoprld.daemon.foundation.config import expand, load_config, parse_duration, parse_size
+from shoprld.daemon.foundation.errors import ConfigError
 
 MINIMAL = """
 [campaign]
@@ -122,7 +122,7 @@ def test_missing_file_not_toml_and_directory(tmp_path: Path) -> None:
 def test_cli_check_on_bad_config_exits_3_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     """`shoprld check` on a bad config prints one line on stderr and exits 3."""
     path = write(tmp_path, MINIMAL.replace("rounds = 2", "rounds = 0"))
-    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -131,6 +131,6 @@ def test_cli_check_on_bad_config_exits_3_with_one_line_and_no_traceback(tmp_path
 
 def test_cli_bad_arguments_exit_2(tmp_path: Path) -> None:
     """Unknown subcommands or flags are usage errors (exit 2)."""
-    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "frobnicate"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "frobnicate"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2

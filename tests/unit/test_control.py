@@ -19,10 +19,10 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from shoprld.daemon import control
-from shoprld.daemon.control import ControlRefused, ControlServer, query, request_stop
-from shoprld.daemon.errors import EXIT_CONFIG, ConfigError, LockError
-from shoprld.daemon.store import SOCKET_FILE
+from shoprld.daemon.core import control
+from shoprld.daemon.core.control import ControlRefused, ControlServer, query, request_stop
+from shoprld.daemon.foundation.errors import EXIT_CONFIG, ConfigError, LockError
+from shoprld.daemon.foundation.store import SOCKET_FILE
 from tests.demotree import ready_child
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a clien
 TERMABLE = """
 import signal, sys
 from pathlib import Path
-from shoprld.daemon.store import Store
+from shoprld.daemon.foundation.store import Store
 Store(Path(sys.argv[1])).acquire_lock()
 signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(0)))
 print("ready", flush=True)
@@ -290,7 +290,7 @@ def _cli_as_nobody(*args: str) -> tuple[int, str]:
     A fork, not an exec: this interpreter lives under /root (0700), which nobody cannot
     execute. The child only drops its ids, runs the already-imported CLI and _exits.
     """
-    from shoprld.daemon import cli
+    from shoprld.daemon.ops import cli
 
     r, w = os.pipe()
     pid = os.fork()
@@ -446,7 +446,7 @@ def bystander() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _stop_cli(cfg: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "stop", "-c", str(cfg)],
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "stop", "-c", str(cfg)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -458,7 +458,7 @@ def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
     cfg, state_dir = campaign
     (state_dir / "daemon.pid").write_text(f"{bystander.pid}\n")
     if record != "pid file only":
-        from shoprld.daemon.store import daemon_record
+        from shoprld.daemon.foundation.store import daemon_record
     if record == "record of the bystander":  # right pid, start time and cmdline, but it holds no lock
         (state_dir / "daemon.json").write_text(json.dumps(daemon_record(bystander.pid)))
     elif record == "record with a reused pid":
@@ -476,7 +476,7 @@ def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
 def test_one_shot_commands_write_no_daemon_pid(campaign: tuple[Path, Path]) -> None:
     """A one-shot lock holder (clean, export-campaign) leaves no daemon.pid or daemon.json behind
     for stop to mistake; the daemon's lock writes both."""
-    from shoprld.daemon.store import Store
+    from shoprld.daemon.foundation.store import Store
 
     _, state_dir = campaign
     s = Store(state_dir)

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from shoprld.daemon.causes import CUDA_OOM, NCCL_TIMEOUT, Cause
-from shoprld.daemon.errors import EXIT_CONFIG, EXIT_GATE, EXIT_OK, EXIT_STAGE
-from shoprld.daemon.machine import (
+from shoprld.daemon.foundation.causes import CUDA_OOM, NCCL_TIMEOUT, Cause
+from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_GATE, EXIT_OK, EXIT_STAGE
+from shoprld.daemon.round.machine import (
     RETRY,
     TRANSITIONS,
     WORKING_STATES,
@@ -30,7 +30,7 @@ from shoprld.daemon.machine import (
     Stop,
     decide,
 )
-from shoprld.daemon.retry import Backoff, may_retry
+from shoprld.daemon.foundation.retry import Backoff, may_retry
 
 S = State
 NO_DEADLINE = Deadline(at=None, need_s=0.0, now=1000.0)

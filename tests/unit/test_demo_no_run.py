@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shoprld.daemon.config import load_config
+from shoprld.daemon.foundation.config import load_config
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "demo", *args],
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "demo", *args],
                           capture_output=True, text=True, timeout=120)
 
 

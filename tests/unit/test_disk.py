@@ -1,4 +1,4 @@
-"""shoprld.daemon.disk: the logic that needs no mounts (forecast, limits, guard, ENOSPC text,
+"""shoprld.daemon.foundation.disk: the logic that needs no mounts (forecast, limits, guard, ENOSPC text,
 preflight lines, the monitor through its sampler seam, reclaim confinement)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from shoprld.daemon import disk
-from shoprld.daemon.disk import (
+from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation.disk import (
     DiskSample,
     GiB,
     Guard,

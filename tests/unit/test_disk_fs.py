@@ -1,4 +1,4 @@
-"""shoprld.daemon.disk on REAL small filesystems: tmpfs and loop-mounted ext4 (root only)."""
+"""shoprld.daemon.foundation.disk on REAL small filesystems: tmpfs and loop-mounted ext4 (root only)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
-from shoprld.daemon import disk
-from shoprld.daemon.disk import Ballast, Guard, Limits, is_enospc, preflight
+from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation.disk import Ballast, Guard, Limits, is_enospc, preflight
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import (  # noqa: F401  (fixtures "loop_ext4", "tmpfs")

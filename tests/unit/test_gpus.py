@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon import gpus
-from shoprld.daemon.errors import ConfigError
-from shoprld.daemon.gpus import GpuProcess, Holder, Owners, parse_compute_apps, parse_gpu_indices
-from shoprld.daemon.processes import CHILD_TAG
+from shoprld.daemon.services import gpus
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.services.gpus import GpuProcess, Holder, Owners, parse_compute_apps, parse_gpu_indices
+from shoprld.daemon.services.processes import CHILD_TAG
 
 MIB = 1024**2
 UUID0 = "GPU-091d79f2-a224-7b75-2e77-4c0a44cdd7cc"
@@ -144,7 +144,7 @@ def test_ray_head_session_is_ours(tmp_path: Path) -> None:
     try:
         import json
 
-        from shoprld.daemon.processes import proc_start_ticks
+        from shoprld.daemon.services.processes import proc_start_ticks
 
         (tmp_path / "shoprld-head.json").write_text(json.dumps(
             {"pid": head.pid, "sid": head.pid, "start_ticks": proc_start_ticks(head.pid)}))

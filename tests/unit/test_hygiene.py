@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.hygiene import HygieneWarning, lines, scan_repo
+from shoprld.daemon.services.hygiene import HygieneWarning, lines, scan_repo
 
 MiB = 1024**2
 LIMIT = MiB  # storage.repo_hygiene_max in these tests (the default is 50 MiB): small files, fast git

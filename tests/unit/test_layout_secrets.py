@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.errors import ConfigError
-from shoprld.daemon.layout import Layout
-from shoprld.daemon import secrets as secrets_mod
-from shoprld.daemon.secrets import Secrets, load_secrets
-from shoprld.daemon.store import Store, replace_json
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation import secrets as secrets_mod
+from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.store import Store, replace_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "canary-7f3e9a1b-wandb-SECRET"
@@ -136,7 +136,7 @@ def test_missing_env_file_and_empty_key_are_one_line_errors(tmp_path: Path) -> N
 
 def test_redaction_masks_secrets_in_structlog_and_foreign_records(tmp_path: Path) -> None:
     """Every loaded secret value is masked in structlog events and stdlib records (e.g. httpx)."""
-    from shoprld.daemon import logs
+    from shoprld.daemon.foundation import logs
 
     (tmp_path / ".env").write_text(f"WANDB_API_KEY={CANARY}\nBAILIAN_API_KEY={CANARY2}\n")
     logs.set_secrets(load_secrets(tmp_path / ".env"))
@@ -156,7 +156,7 @@ def test_check_prints_layout_and_masks_canary_everywhere(tmp_path: Path) -> None
     c = campaign(tmp_path)
     (tmp_path / "repo" / ".env").write_text(f"WANDB_API_KEY={CANARY}\nBAILIAN_API_KEY={CANARY2}\n")
     env = {**os.environ, "HOME": str(tmp_path / "otherhome"), "USER": "someone"}
-    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(c)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(c)], env=env,
                           capture_output=True, text=True, timeout=60)
     out = proc.stdout + proc.stderr
     assert CANARY not in out and CANARY2 not in out
@@ -252,7 +252,7 @@ def test_the_ledger_masks_with_the_installed_redactor_and_stays_readable(tmp_pat
                                                                          no_installed_redactor: None) -> None:
     """A ledger built without a redact callable still masks (the installed redactor), and the repo
     file keeps its ordinary, readable mode: it is the one record meant for others."""
-    from shoprld.daemon.ledger import Ledger
+    from shoprld.daemon.foundation.ledger import Ledger
 
     secrets_mod.install(_secrets_with(tmp_path, CANARY).redactor)
     led = Ledger(tmp_path / "repo" / "demo.tsv", overflow_dir=tmp_path / "vol")
@@ -268,7 +268,7 @@ def test_the_ledger_masks_with_the_installed_redactor_and_stays_readable(tmp_pat
 
 def test_notifications_are_redacted_before_the_status_line_is_cut(tmp_path: Path) -> None:
     """STATUS= never carries a secret, not even its head when the 200-character cut falls inside it."""
-    from shoprld.daemon.notify import MAX_STATUS_LEN, Notifier
+    from shoprld.daemon.core.notify import MAX_STATUS_LEN, Notifier
 
     secrets = _secrets_with(tmp_path, CANARY)
     path = Path(tempfile.mkdtemp(prefix="ntf", dir="/tmp")) / "n.sock"
@@ -335,7 +335,7 @@ def test_a_malformed_line_names_the_file_and_the_line_never_the_value(tmp_path: 
 
 
 def _check(campaign_file: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign_file)],
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign_file)],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "HOME": str(campaign_file.parent / "home")})
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.ledger import (
+from shoprld.daemon.foundation.ledger import (
     COLUMNS, POINTER_PREFIX, Ledger, LedgerError, git_info, make_row, print_ledger, sanitize,
 )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoprld.daemon.metrics import TextfileMetrics, extras_problem
+from shoprld.daemon.core.metrics import TextfileMetrics, extras_problem
 
 
 def _samples(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shoprld.daemon.notify import MAX_STATUS_LEN, Notifier, status_line
+from shoprld.daemon.core.notify import MAX_STATUS_LEN, Notifier, status_line
 
 
 @pytest.fixture

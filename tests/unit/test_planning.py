@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoprld.daemon.planning import make_plan
+from shoprld.daemon.core.planning import make_plan
 
 GiB = 1 << 30
 BASE = dict(rounds=5, current=1, durations=[100.0, 120.0, 110.0], round_started_at=1000.0, now=1040.0,

@@ -21,11 +21,11 @@ import anyio
 import httpx
 import pytest
 
-from shoprld.daemon.config import Config, config_from_dict
-from shoprld.daemon.errors import ConfigError
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.processes import ChildRecord, LocalLauncher
-from shoprld.daemon.raylauncher import (
+from shoprld.daemon.foundation.config import Config, config_from_dict
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.processes import ChildRecord, LocalLauncher
+from shoprld.daemon.services.ray import (
     RayJobChild,
     RayJobsClient,
     RayJobsError,
@@ -37,7 +37,7 @@ from shoprld.daemon.raylauncher import (
     ray_tmpdir_path,
     session_pids,
 )
-from shoprld.daemon.roundplan import resolve
+from shoprld.daemon.round.plan import resolve
 
 STANDIN = Path(__file__).resolve().parents[2] / "run" / "demo" / "rayjobs_standin.py"
 SECRET = "wandb-secret-value-0123456789"

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon import commands
-from shoprld.daemon.check import run_check
-from shoprld.daemon.config import Config, load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.roundplan import RoundPlan, resolve
-from shoprld.daemon.secrets import with_pattern
+from shoprld.daemon.services import commands
+from shoprld.daemon.ops.check import run_check
+from shoprld.daemon.foundation.config import Config, load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round.plan import RoundPlan, resolve
+from shoprld.daemon.foundation.secrets import with_pattern
 from tests.roundctx import standalone_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,7 +285,7 @@ def test_progress_pattern_reads_slimes_rollout_lines(cfg: Config) -> None:
 def test_preflight_names_the_real_stacks_files_and_the_conversion(cfg: Config, layout: Layout) -> None:
     """must_exist covers the torch_dist ref load, the origin HF dir, the task data and the
     custom generate function; the hint names slime's HF -> torch_dist conversion."""
-    from shoprld.daemon.preflight import real_stack_problems
+    from shoprld.daemon.foundation.preflight import real_stack_problems
 
     values = resolve(cfg, layout, 0).values
     must = {k: v.format_map(values) for k, v in cfg.preflight.must_exist.items()}
@@ -380,7 +380,7 @@ def test_a_concurrency_disagreement_is_reported(cfg: Config, tmp_path: Path) -> 
 
 def test_the_demo_emitters_block_yamls_are_checked_too(tmp_path: Path) -> None:
     """The demo stand-in's emit (block YAML, as the real emitter) is checked against the demo recipe."""
-    from shoprld.daemon.demo import create_tree
+    from shoprld.daemon.ops.demo import create_tree
 
     campaign = create_tree(tmp_path / "d", fast=True, rounds=1)
     demo = load_config(campaign)
@@ -468,17 +468,17 @@ def test_a_missing_or_broken_analyst_config(cfg: Config, tmp_path: Path) -> None
 def test_check_judges_the_projects_analyst_config_before_any_round(tmp_path: Path) -> None:
     """`shoprld check` reads <project_root>/configs/trace2skill_cold_start.yaml itself: a moved
     port there is NOT READY before the night starts; a project without one is not refused for it."""
-    from shoprld.daemon.demo import create_tree
+    from shoprld.daemon.ops.demo import create_tree
 
     campaign = create_tree(tmp_path / "d", fast=True, rounds=1)
     demo = load_config(campaign)
     analyst = tmp_path / "d" / "repo" / "configs" / "trace2skill_cold_start.yaml"
-    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)],
                          capture_output=True, text=True, timeout=120)
     assert "trace2skill_cold_start.yaml" not in res.stdout
     analyst.parent.mkdir(parents=True, exist_ok=True)
     analyst.write_text(SEED_ANALYST_YAML.format(threads=1, shop=5700))
-    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", "check", "-c", str(campaign)],
+    res = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 3
     assert f"{analyst}: environment.base_url: http://127.0.0.1:5700 does not match shopsim.url = " \

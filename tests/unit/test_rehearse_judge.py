@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.rehearse import Scratch, judge
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.ops.rehearse import Scratch, judge
 from tests.demotree import make_tree
 
 TRACEBACK = ("Traceback (most recent call last):\n  File \"shopsimrl/trace2skill_evaluation.py\", line 365\n"

@@ -11,7 +11,7 @@ import jsonschema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.rehearse_tool import _set_int, _swap_urls, size_down
+from shoprld.daemon.ops.rehearse_tool import _set_int, _swap_urls, size_down
 
 DEMO = Path(__file__).resolve().parents[2] / "run" / "demo"
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from shoprld.daemon import report
-from shoprld.daemon.demo import create_tree
+from shoprld.daemon.ops import report
+from shoprld.daemon.ops.demo import create_tree
 
 T0 = 1_800_000_000.0
 CANARY = "demo-fake-wandb-key-0000000000000000"  # the demo tree's fake WANDB_API_KEY
@@ -134,7 +134,7 @@ def test_without_the_extra_one_line_and_exit_3(tmp_path: Path) -> None:
             "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
             "            raise ImportError('blocked for the test')\n"
             "sys.meta_path.insert(0, Block())\n"
-            "from shoprld.daemon import cli\n"
+            "from shoprld.daemon.ops import cli\n"
             f"sys.exit(cli.main(['report', '-c', {str(campaign)!r}]))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 3, res.stderr
@@ -145,7 +145,7 @@ def test_without_the_extra_one_line_and_exit_3(tmp_path: Path) -> None:
 
 def test_the_daemon_never_imports_the_plotting_library() -> None:
     """Importing the engine, the CLI and status loads neither matplotlib nor the report module."""
-    code = ("import sys, shoprld.daemon.engine, shoprld.daemon.cli, shoprld.daemon.status, shoprld.daemon.demo\n"
-            "print([m for m in ('matplotlib', 'shoprld.daemon.report') if m in sys.modules])")
+    code = ("import sys, shoprld.daemon.core.engine, shoprld.daemon.ops.cli, shoprld.daemon.foundation.status, shoprld.daemon.ops.demo\n"
+            "print([m for m in ('matplotlib', 'shoprld.daemon.ops.report') if m in sys.modules])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "[]", res.stderr

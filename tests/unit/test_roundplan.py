@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
-from shoprld.daemon import checkpoints as ckpt
-from shoprld.daemon.config import Config, config_from_dict
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.raylauncher import RayJobsClient, RayLauncher
-from shoprld.daemon.roundplan import RoundFacts, RoundPlan, resolve
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.config import Config, config_from_dict
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.ray import RayJobsClient, RayLauncher
+from shoprld.daemon.round.plan import RoundFacts, RoundPlan, resolve
 from tests.roundctx import standalone_context
 
 BASE = "/models/base_torch_dist"

@@ -1,4 +1,4 @@
-"""The save interval for each trainer launch (shoprld.daemon.saves; issue 17, item 1)."""
+"""The save interval for each trainer launch (shoprld.daemon.round.saves; issue 17, item 1)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon import saves
-from shoprld.daemon.check import run_check
-from shoprld.daemon.checkpoints import IterationMapping, keep_while_training, retention_plan, scan
-from shoprld.daemon.config import SavesSection, load_config
-from shoprld.daemon.layout import Layout
+from shoprld.daemon.round import saves
+from shoprld.daemon.ops.check import run_check
+from shoprld.daemon.foundation.checkpoints import IterationMapping, keep_while_training, retention_plan, scan
+from shoprld.daemon.foundation.config import SavesSection, load_config
+from shoprld.daemon.foundation.layout import Layout
 from tests.demotree import make_tree
 from tests.unit.test_checkpoints import save as megatron_save
 

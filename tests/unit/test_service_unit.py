@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon import service
-from shoprld.daemon.demo import create_tree
-from shoprld.daemon.errors import ConfigError
+from shoprld.daemon.ops import unit as service
+from shoprld.daemon.ops.demo import create_tree
+from shoprld.daemon.foundation.errors import ConfigError
 
 CANARY = "shoprld-canary-7f3c9e1d2b"
 TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "shoprld@.service"
@@ -102,8 +102,8 @@ def verify(tmp_path: Path, text: str, *, user: bool = False) -> None:
 
 def test_system_unit_has_the_contract(demo_tree: Path) -> None:
     """The rendered system unit carries every directive SPEC §5 and issue 7 ask for."""
-    from shoprld.daemon.config import load_config
-    from shoprld.daemon.layout import Layout
+    from shoprld.daemon.foundation.config import load_config
+    from shoprld.daemon.foundation.layout import Layout
 
     lay = Layout.from_config(load_config(demo_tree))
     u = parse_unit(service.render_unit(demo_tree, user=False))
@@ -292,7 +292,7 @@ def test_unset_state_dir_warns_about_status_by_hand(demo_tree: Path, tmp_path: P
 
 
 def test_shoprld_command_prefers_the_running_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """argv[0] named shoprld wins; else the venv sibling; else PATH; else `python -m shoprld.daemon.cli`."""
+    """argv[0] named shoprld wins; else the venv sibling; else PATH; else `python -m shoprld.daemon.ops.cli`."""
     script = tmp_path / "venv" / "bin" / "shoprld"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/sh\n")
@@ -303,6 +303,6 @@ def test_shoprld_command_prefers_the_running_script(tmp_path: Path, monkeypatch:
     assert service.shoprld_command("/usr/bin/pytest", str(py)) == [str(script)]
     nowhere = tmp_path / "none" / "python"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert service.shoprld_command("pytest", str(nowhere)) == [str(nowhere), "-m", "shoprld.daemon.cli"]
+    assert service.shoprld_command("pytest", str(nowhere)) == [str(nowhere), "-m", "shoprld.daemon.ops.cli"]
     monkeypatch.setenv("PATH", str(script.parent))
     assert service.shoprld_command("pytest", str(nowhere)) == [str(script)]

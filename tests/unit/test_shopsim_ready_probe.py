@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import httpx
 
-from shoprld.daemon.services import ShopsimService
+from shoprld.daemon.services.shopsim import ShopsimService
 
 URL = "http://127.0.0.1:5799"
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.engine import Engine
-from shoprld.daemon.errors import ShoprldError
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.secrets import Secrets
-from shoprld.daemon.roundlog import ROUNDS_FILE
-from shoprld.daemon.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.core.engine import Engine
+from shoprld.daemon.foundation.errors import ShoprldError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
+from shoprld.daemon.foundation.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
 from tests.demotree import make_tree
 
 
@@ -199,7 +199,7 @@ def test_every_child_record_the_launchers_write_validates(tmp_path: Path) -> Non
     """A local child and a Ray job (pid 0, its submission id in job_id) both load as written: a
     schema that refused the Ray record would drop it, and a restarted daemon could not adopt
     the running job (found by the real-Ray test)."""
-    from shoprld.daemon.processes import ChildRecord
+    from shoprld.daemon.services.processes import ChildRecord
 
     local = ChildRecord(role="sidecar", pid=4242, pgid=4242, start_ticks=123, started_at=1.0, log="/l", argv=["x"])
     ray = ChildRecord(role="trainer", pid=0, pgid=0, start_ticks=None, started_at=2.0, log="/t", argv=["y"],
@@ -278,7 +278,7 @@ def test_a_lost_rounds_file_is_rebuilt_from_the_journals_round_records(tmp_path:
 def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[Path, Any, Layout]) -> None:
     """The snapshot (state.json, each journal transition) and status.json are the same size after 30
     rounds and after 300; `status --json` still lists every round, from rounds.jsonl."""
-    from shoprld.daemon.status import collect
+    from shoprld.daemon.foundation.status import collect
 
     campaign, cfg, layout = demo_campaign
     d = layout.state_dir

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon import status
-from shoprld.daemon.errors import ConfigError
-from shoprld.daemon import store
-from shoprld.daemon.store import PID_FILE, STATUS_FILE
+from shoprld.daemon.foundation import status
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation import store
+from shoprld.daemon.foundation.store import PID_FILE, STATUS_FILE
 from tests.demotree import LOCK_HOLDER, ready_child, status_snapshot
 
 SCHEMA = json.loads(status.SCHEMA_FILE.read_text())
@@ -64,7 +64,7 @@ def holder(campaign: tuple[Path, Path]) -> Iterator[subprocess.Popen[str]]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shoprld.daemon.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -196,7 +196,7 @@ def test_status_path_imports_no_heavy_module(campaign: tuple[Path, Path], args: 
     """--json and the piped human view import none of pydantic/structlog/httpx/anyio/rich."""
     cfg, state_dir = campaign
     write_snapshot(state_dir, snapshot(now=time.time()))
-    code = ("import sys, io; from shoprld.daemon import cli; sys.stdout = io.StringIO(); "
+    code = ("import sys, io; from shoprld.daemon.ops import cli; sys.stdout = io.StringIO(); "
             f"rc = cli.main(['status', *{list(args)!r}, '-c', {str(cfg)!r}]); "
             f"print(rc, [m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
@@ -363,7 +363,7 @@ def test_terminal_view_uses_rich_and_honours_no_color(campaign: tuple[Path, Path
     env.update(TERM="xterm-256color", COLUMNS="120", LINES="40")
     if no_color:
         env["NO_COLOR"] = "1"
-    text = _run_in_pty([sys.executable, "-m", "shoprld.daemon.cli", "status", "-c", str(cfg)], env)
+    text = _run_in_pty([sys.executable, "-m", "shoprld.daemon.ops.cli", "status", "-c", str(cfg)], env)
     assert "round-002 (3 of 5)" in text and "stop condition not yet met" in text
     assert bool(_color_codes(text)) is not no_color
 
@@ -373,7 +373,7 @@ def test_watch_refreshes_until_ctrl_c(campaign: tuple[Path, Path], as_json: bool
     """--watch keeps printing fresh frames and exits 0 on SIGINT (Ctrl-C)."""
     cfg, state_dir = campaign
     write_snapshot(state_dir, snapshot(now=time.time(), step=3))
-    args = [sys.executable, "-m", "shoprld.daemon.cli", "status", "--watch", "--interval", "0.05", "-c", str(cfg)]
+    args = [sys.executable, "-m", "shoprld.daemon.ops.cli", "status", "--watch", "--interval", "0.05", "-c", str(cfg)]
     # A terminal's Ctrl-C meets Python's own SIGINT handler; the child gets it even when this test
     # runs under a runner that started it with SIGINT ignored (a background job inherits SIG_IGN).
     proc = subprocess.Popen(args + (["--json"] if as_json else []), stdout=subprocess.PIPE,

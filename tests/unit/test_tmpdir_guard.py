@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.preflight import TMPDIR_KEYS, tmpdir_problems, tmpdir_too_long
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.preflight import TMPDIR_KEYS, tmpdir_problems, tmpdir_too_long
 from tests.demotree import make_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "run" / "slime-4xa800.toml"
-SHOPRLD = [sys.executable, "-m", "shoprld.daemon.cli"]
+SHOPRLD = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 LONG = "/var/tmp/" + "x" * 70  # 79 characters: 79 + 40 > 107
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.config import load_config
-from shoprld.daemon.layout import Layout
-from shoprld.daemon.roundplan import RoundPlan
-from shoprld.daemon.toolfiles import read_analysis, read_bare_summary, read_gate
-from shoprld.daemon.toolout import ToolOutputError
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round.plan import RoundPlan
+from shoprld.daemon.foundation.toolfiles import read_analysis, read_bare_summary, read_gate
+from shoprld.daemon.foundation.toolout import ToolOutputError
 from shoprld.states import gate as gate_state
 from shoprld.states import val as val_state
 from tests.roundctx import standalone_context

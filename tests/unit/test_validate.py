@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from shoprld.daemon import cli
-from shoprld.daemon.config import Config, config_from_dict, load_config
-from shoprld.daemon.errors import ConfigError
+from shoprld.daemon.ops import cli
+from shoprld.daemon.foundation.config import Config, config_from_dict, load_config
+from shoprld.daemon.foundation.errors import ConfigError
 from tests.demotree import kill_tree_leftovers, make_tree
 from tests.fsfixtures import FsUnavailable, mount_tmpfs, read_only
 
-CLI = [sys.executable, "-m", "shoprld.daemon.cli"]
+CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]
 
 
 def check(campaign: Path) -> tuple[int, str, str]:
@@ -144,8 +144,8 @@ def test_vars_may_use_the_vars_above_them(tmp_path: Path) -> None:
     code, out, err = check(campaign)
     assert (code, err) == (0, ""), err
     cfg = load_config(campaign)
-    from shoprld.daemon.layout import Layout
-    from shoprld.daemon.roundplan import resolve
+    from shoprld.daemon.foundation.layout import Layout
+    from shoprld.daemon.round.plan import resolve
 
     values = resolve(cfg, Layout.from_config(cfg), 0).values
     assert values["step_seconds"] == values["base"] != "{base}"

@@ -1,0 +1,149 @@
+"""The daemon's children: those it runs (recorded in state.json) and those a crashed daemon
+left behind (adoptable), found, adopted and stopped in one order.
+
+Every child runs in its own session and carries this campaign's ``SHOPRLD_CHILD`` tag, so a
+restarted daemon finds a child even when the crash lost its record. A round state adopts
+the roles it names (``ADOPTS``); the others are stopped before it runs. At the end the
+trainer stops first: it holds the GPUs and writes the volume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
+from shoprld.daemon.services.shopsim import ShopsimService
+
+log = structlog.get_logger("shoprld.engine")
+
+# A child adopted from a crashed daemon has no configured grace of its own.
+ADOPTED_GRACE_S = 10.0
+
+
+def grace_of(cfg: Config, role: str) -> float:
+    """How long ``role`` gets between SIGTERM and SIGKILL."""
+    return {"trainer": cfg.train.grace, "shopsim": cfg.shopsim.grace, "val_server": cfg.val.server_grace,
+            "sidecar": cfg.sidecar.grace}.get(role, ADOPTED_GRACE_S)
+
+
+class Children:
+    """The running children by role, the adoptable records, and how each is let go.
+
+    ``on_register`` runs after a child is recorded (the engine persists state.json there);
+    ``on_unregister`` after one is forgotten (status only: a stale record is harmless, since
+    adoption checks pid + start time); ``journal`` records adoptions.
+    """
+
+    def __init__(self, launcher: Launcher, *, on_register: Callable[[Child], None],
+                 on_unregister: Callable[[], None], journal: Callable[..., None]) -> None:
+        self.launcher = launcher
+        self.running: dict[str, Child] = {}
+        self.adoptable: dict[str, ChildRecord] = {}
+        self._on_register, self._on_unregister, self._journal = on_register, on_unregister, journal
+
+    def find_left(self, recorded: Mapping[str, Any], state_dir: Path) -> None:
+        """At start-up: the recorded children still alive (or Ray jobs, which their launcher
+        re-attaches), plus session leaders carrying this campaign's tag whose record a crash lost."""
+        for role, raw in recorded.items():
+            try:
+                rec = ChildRecord.from_json(raw)
+            except (TypeError, KeyError):
+                continue
+            if rec.job_id or pid_alive(rec.pid, rec.start_ticks):
+                self.adoptable[role] = rec
+        for role, rec in tagged_session_leaders(f"{state_dir}|").items():
+            self.adoptable.setdefault(role, rec)
+        if self.adoptable:
+            log.info("children.found", roles={r: c.pid for r, c in self.adoptable.items()})
+
+    def register(self, child: Child) -> None:
+        self.running[child.record.role] = child
+        self._on_register(child)
+
+    def unregister(self, child: Child) -> None:
+        if self.running.get(child.record.role) is child:
+            del self.running[child.record.role]
+            self._on_unregister()
+
+    def find(self, role: str) -> Child | None:
+        """The live child in ``role``: a running one, or one a crashed daemon left (adopted now)."""
+        child = self.running.get(role)
+        if child is not None and child.alive():
+            return child
+        rec = self.adoptable.pop(role, None)
+        if rec is not None:
+            adopted = self.launcher.adopt(rec)
+            if adopted is not None:
+                log.info("child.adopted", role=role, pid=rec.pid)
+                self._journal("child.adopted", role=role, pid=rec.pid)
+                self.register(adopted)
+                return adopted
+        return None
+
+    async def stop_strays(self, adopts: tuple[str, ...]) -> None:
+        """Stop the children a crashed daemon left that the starting round state will not adopt
+        (ShopSim is always adopted)."""
+        for role in list(self.adoptable):
+            if role == "shopsim" or role in adopts:
+                continue
+            rec = self.adoptable.pop(role)
+            child = self.launcher.adopt(rec)
+            if child is not None:
+                log.info("child.stray_stopped", role=role, pid=rec.pid)
+                await child.stop(ADOPTED_GRACE_S)
+
+    async def stop_all(self, cfg: Config, shopsim: ShopsimService, vouch: Callable[[], None], *,
+                       force: bool = False) -> None:
+        """Stop every child (trainer first). ShopSim vouches for the checkpoints first (all
+        the trainer saved ran against it) and is left running when it was not ours."""
+        shopsim.closing = True
+        order = sorted(self.running.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
+        for child in order:
+            if child.record.role == "shopsim":
+                vouch()
+                if shopsim.external:
+                    continue
+            if force:
+                child.signal_group(signal.SIGKILL)
+            await child.stop(0.0 if force else grace_of(cfg, child.record.role))
+        self.running.clear()
+        for rec in list(self.adoptable.values()):
+            adopted = self.launcher.adopt(rec)
+            if adopted is not None:
+                await adopted.stop(0.0 if force else ADOPTED_GRACE_S)
+        self.adoptable.clear()
+
+    def kill_all(self) -> None:
+        """A second SIGINT while stopping: SIGKILL every running child's group at once."""
+        for child in list(self.running.values()):
+            child.signal_group(signal.SIGKILL)
+
+
+def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:
+    """Session leaders whose ``SHOPRLD_CHILD`` starts with ``tag_prefix``, by role (the rest of the tag)."""
+    want = f"{CHILD_TAG}={tag_prefix}".encode()
+    found: dict[str, ChildRecord] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if os.getsid(pid) != pid:
+                continue
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(want):
+                role = item[len(want):].decode(errors="replace")
+                found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],
+                                          tag=item[len(CHILD_TAG) + 1:].decode(errors="replace"))
+    return found

@@ -1,0 +1,181 @@
+"""Why a stage attempt failed or stalled: one table of patterns, read top to bottom.
+
+Theory of operation. :func:`classify` gets what is known about a failed attempt (its exit
+status, the tail of its log, whether it stalled, and the kernel log since it started) and
+returns the first :class:`Cause` whose recogniser matches. The table :data:`PATTERNS` is
+plain data, in priority order: a specific cause (a CUDA OOM) beats the generic one (the
+Python exception it raised), and a full disk is judged by :func:`disk.log_says_enospc`,
+the project's one ENOSPC recogniser. A GPU Xid is looked for in the kernel log only (the
+trainer's log never sees it). When nothing matches: the last line of a Python traceback,
+else ``unknown``.
+
+The cause is journaled (``attempt.failed``), shown by ``status`` (``last_failure``),
+recorded in the ledger's ``causes`` column, sent with every notification, and drives one
+policy in the engine: the same CUDA OOM twice in a row is not retried a third time
+(:data:`NO_THIRD_TRY`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shoprld.daemon.foundation.disk import log_says_enospc
+
+CUDA_OOM = "cuda_oom"
+NCCL_TIMEOUT = "nccl_timeout"
+ENOSPC = "enospc"
+AF_UNIX_PATH = "af_unix_path_too_long"
+SHOPSIM_UNREACHABLE = "shopsim_unreachable"
+SGLANG_DIED = "sglang_died"
+GPU_XID = "gpu_xid"
+PYTHON_EXCEPTION = "python_exception"
+UNKNOWN = "unknown"
+
+# Causes that retrying the same way cannot fix: a second one in a row ends the campaign.
+NO_THIRD_TRY = frozenset({CUDA_OOM})
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A classified failure: the name (a constant above), the matching line, and the fix."""
+
+    name: str
+    detail: str = ""
+    advice: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "detail": self.detail, "advice": self.advice}
+
+    def line(self) -> str:
+        """``cuda_oom (torch.OutOfMemoryError: CUDA out of memory...)``, one line."""
+        return f"{self.name} ({self.detail[:200]})" if self.detail else self.name
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One row of the table: a cause, a regex for the log tail, the operator's advice."""
+
+    name: str
+    regex: re.Pattern[str] | None
+    advice: str
+    # A recogniser that is not a regex (ENOSPC: disk.py owns it).
+    test: Callable[[str], bool] | None = None
+
+
+def _rx(*alternatives: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{a})" for a in alternatives), re.IGNORECASE | re.MULTILINE)
+
+
+# In priority order (first match wins). Each row has its realistic log lines in
+# tests/unit/test_causes.py.
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern(ENOSPC, None, "free space on the volume (see `shoprld status` for the disk)", test=log_says_enospc),
+    Pattern(CUDA_OOM, _rx(r"CUDA out of memory", r"torch\.(?:cuda\.)?OutOfMemoryError",
+                          r"CUDA error: out of memory", r"cudaErrorMemoryAllocation",
+                          r"CUBLAS_STATUS_ALLOC_FAILED"),
+            "lower the micro-batch (or max tokens per GPU) or raise gpus.tp_size"),
+    Pattern(NCCL_TIMEOUT, _rx(r"Watchdog caught collective operation timeout", r"ProcessGroupNCCL.*[Tt]imeout",
+                              r"NCCL (?:communicator|operation).*(?:timed out|timeout)",
+                              r"NCCL watchdog", r"DistBackendError.*NCCL"),
+            "a rank hung or died: look for the first failing rank's log; check NVLink/IB health"),
+    Pattern(AF_UNIX_PATH, _rx(r"AF_UNIX path (?:too long|length cannot exceed)", r"sun_path.*too long"),
+            "shorten the socket directory (storage.ephemeral_root or TMPDIR): AF_UNIX paths are at most 107 bytes"),
+    Pattern(SHOPSIM_UNREACHABLE, _rx(r"shopsim\S*\s.*(?:unreachable|connection refused|connecterror|timed out)",
+                                     r"(?:127\.0\.0\.1|localhost|0\.0\.0\.0):5700\b.*(?:refused|unreachable|"
+                                     r"ConnectError|Connect call failed)",
+                                     r"(?:refused|Connect call failed|Cannot connect to host)[^\n]*:5700\b"),
+            "ShopSim is down or not listening: see the shopsim log and `shoprld status`"),
+    Pattern(SGLANG_DIED, _rx(r"scheduler is dead", r"Received sigquit from a child process",
+                             r"sglang\S*.*(?:died|exited unexpectedly|is dead|crashed)",
+                             r"SGLang (?:server|engine|router).*(?:died|exited|not responding)"),
+            "the SGLang rollout engine died: see its log above this line in the trainer's log"),
+)
+GPU_XID_PATTERN = re.compile(r"NVRM: Xid \([^)]*\): (\d+)[^\n]*", re.IGNORECASE)
+GPU_XID_ADVICE = "a GPU fault in the kernel log: check `nvidia-smi -q` and the node's health before restarting"
+_TRACEBACK = "Traceback (most recent call last):"
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b(?::.*)?)$")
+
+
+def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, kernel_log: str = "") -> Cause:
+    """The cause of one failed (or stalled) attempt; never raises."""
+    for p in PATTERNS:
+        if p.test is not None:
+            if p.test(log_tail):
+                return Cause(p.name, _matching_line(log_tail, ("No space left", "ENOSPC", "Errno 28", "quota",
+                                                                "PytorchStreamWriter")),
+                             p.advice)
+            continue
+        assert p.regex is not None
+        m = p.regex.search(log_tail)
+        if m:
+            return Cause(p.name, _line_at(log_tail, m.start()), p.advice)
+    xid = GPU_XID_PATTERN.search(kernel_log)
+    if xid:
+        return Cause(GPU_XID, xid.group(0).strip(), GPU_XID_ADVICE)
+    exc = last_exception(log_tail)
+    if exc:
+        return Cause(PYTHON_EXCEPTION, exc, "fix the error above (the full traceback is in the bundle's log tail)")
+    if stalled:
+        return Cause(UNKNOWN, "stalled with nothing recognisable in the log",
+                     "see the bundle's py-spy dump for where the trainer hangs")
+    what = "no exit status" if exit_status is None else f"exit status {exit_status}"
+    return Cause(UNKNOWN, what, "see the bundle's log tail")
+
+
+def last_exception(text: str) -> str | None:
+    """The last line of the last Python traceback in ``text`` (``KeyError: 'x'``), or None."""
+    i = text.rfind(_TRACEBACK)
+    if i < 0:
+        return None
+    found: str | None = None
+    for line in text[i:].splitlines()[1:]:
+        line = line.strip()
+        if _EXC_LINE.match(line):
+            found = line[:300]
+    return found
+
+
+def _line_at(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start:end if end >= 0 else len(text)].strip()[:300]
+
+
+def _matching_line(text: str, needles: tuple[str, ...]) -> str:
+    for line in reversed(text.splitlines()):
+        if any(n.lower() in line.lower() for n in needles):
+            return line.strip()[:300]
+    return ""
+
+
+def kernel_log_since(monotonic_start: float, *, path: str = "/dev/kmsg", limit: int = 4096) -> str:
+    """Kernel log records newer than ``monotonic_start`` (CLOCK_MONOTONIC seconds), best effort.
+
+    Reads ``/dev/kmsg`` without blocking (its records carry microseconds since boot on the
+    same clock). Returns "" when it cannot be read (no permission, a container).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    lines: list[str] = []
+    try:
+        for _ in range(100_000):
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: a record overwritten while reading; go on
+                continue
+            if not rec:
+                break
+            head, _, msg = rec.decode(errors="replace").partition(";")
+            fields = head.split(",")
+            if len(fields) >= 3 and fields[2].isdigit() and int(fields[2]) / 1e6 >= monotonic_start:
+                lines.append(msg.split("\n", 1)[0])
+    finally:
+        os.close(fd)
+    return "\n".join(lines[-limit:])

@@ -1,0 +1,214 @@
+"""The storage etiquette (SPEC §4): where everything lives, derived from the config.
+
+    BREV_ROOT     = <ephemeral_root>/nemo-rl/${USER:-ubuntu}
+    CACHE_ROOT    = $BREV_ROOT/cache               (shared across experiments)
+    CAMPAIGN_ROOT = $BREV_ROOT/nemo-rl-auto-research/<campaign>
+    EXP_DIR       = $CAMPAIGN_ROOT/<experiment>    {logs,checkpoints,artifacts,ray,tmp,wandb,runs}
+
+The repo checkout gets only the ledger and small records. The ShopSimRL tools hard-code
+``<project_root>/runs``; :meth:`Layout.ensure` makes that a symlink to ``$EXP_DIR/runs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.paths import default_state_dir
+
+# Longest TMPDIR handed to children as is; longer ones go through a short /tmp link.
+SHORT_PATH_MAX = 48
+
+
+def _short(path: Path, kind: str) -> Path:
+    if len(str(path)) <= SHORT_PATH_MAX:
+        return path
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    return Path("/tmp") / f"shoprld-{kind}-{digest}"
+
+
+EXP_SUBDIRS = ("logs", "checkpoints", "artifacts", "ray", "tmp", "wandb", "runs")
+CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb")
+
+
+def _user(cfg: Config, environ: dict[str, str] | os._Environ[str]) -> str:
+    return cfg.storage.user or environ.get("USER") or "ubuntu"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path shoprld reads or writes for one campaign."""
+
+    repo: Path
+    project_root: Path
+    ephemeral_root: Path
+    brev_root: Path
+    cache_root: Path
+    campaign_root: Path
+    exp_dir: Path
+    state_dir: Path
+    env_file: Path
+    ledger: Path
+
+    @classmethod
+    def from_config(cls, cfg: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> Layout:
+        brev = cfg.storage.ephemeral_root / "nemo-rl" / _user(cfg, environ)
+        campaign_root = brev / "nemo-rl-auto-research" / cfg.campaign.name
+        exp = campaign_root / cfg.campaign.experiment
+        cache = exp / "cache" if cfg.storage.blank_cache else brev / "cache"
+        repo = cfg.storage.repo
+        env_file = cfg.storage.env_file if cfg.storage.env_file.is_absolute() else repo / cfg.storage.env_file
+        ledger = Path(cfg.storage.ledger.format(campaign=cfg.campaign.name))
+        return cls(
+            repo=repo,
+            project_root=cfg.storage.project_root or repo,
+            ephemeral_root=cfg.storage.ephemeral_root,
+            brev_root=brev,
+            cache_root=cache,
+            campaign_root=campaign_root,
+            exp_dir=exp,
+            state_dir=cfg.storage.state_dir or default_state_dir(cfg.campaign.name, environ),
+            env_file=env_file,
+            ledger=ledger if ledger.is_absolute() else repo / ledger,
+        )
+
+    # -- the experiment tree -------------------------------------------------
+    @property
+    def logs(self) -> Path:
+        return self.exp_dir / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.exp_dir / "checkpoints"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.exp_dir / "artifacts"
+
+    @property
+    def tmp(self) -> Path:
+        return self.exp_dir / "tmp"
+
+    @property
+    def ray_tmp(self) -> Path:
+        return self.exp_dir / "ray"
+
+    @property
+    def child_tmp(self) -> Path:
+        """TMPDIR for children: the experiment's tmp, through a short /tmp link when its path is
+        long. Megatron's save and Ray create unix sockets under it, and an AF_UNIX path is at most
+        107 bytes (seen on the GPU smoke run). The data still lands on the volume."""
+        return _short(self.tmp, "tmp")
+
+    @property
+    def child_ray_tmp(self) -> Path:
+        return _short(self.ray_tmp, "ray")
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.exp_dir / "wandb"
+
+    @property
+    def runs(self) -> Path:
+        """Where the tools' ``runs/`` really lives (on the volume)."""
+        return self.exp_dir / "runs"
+
+    @property
+    def save_dir(self) -> Path:
+        """TRAIN_SAVE: the Megatron checkpoints and the tracker."""
+        return self.checkpoints / "megatron"
+
+    @property
+    def ballast(self) -> Path:
+        return self.campaign_root / ".shoprld-ballast"
+
+    def hf_dir(self, cfg: Config) -> Path:
+        return cfg.export.hf_dir or self.checkpoints / "hf"
+
+    def stage_log(self, round_index: int, state: str) -> Path:
+        return self.logs / f"r{round_index:03d}-{state.lower()}.log"
+
+    def heavy_paths(self, cfg: Config) -> dict[str, Path]:
+        """Every heavy output path, which must really live on the volume."""
+        paths = {
+            "save dir": self.save_dir, "HF export": self.hf_dir(cfg), "logs": self.logs,
+            "ray tmp": self.ray_tmp, "tmp": self.tmp, "wandb": self.wandb_dir, "runs": self.runs,
+            "cache root": self.cache_root,
+        }
+        if cfg.storage.manage_runs_link:
+            paths["<project_root>/runs"] = self.project_root / "runs"
+        return paths
+
+    def cache_env(self) -> dict[str, str]:
+        c = self.cache_root
+        return {
+            "HF_HOME": str(c / "huggingface"),
+            "HF_HUB_CACHE": str(c / "huggingface" / "hub"),
+            "HF_DATASETS_CACHE": str(c / "huggingface" / "datasets"),
+            "TRANSFORMERS_CACHE": str(c / "huggingface" / "transformers"),
+            "TORCH_HOME": str(c / "torch"),
+            "TRITON_CACHE_DIR": str(c / "triton"),
+            "UV_CACHE_DIR": str(c / "uv"),
+            "PIP_CACHE_DIR": str(c / "pip"),
+            "XDG_CACHE_HOME": str(c / "xdg"),
+            "WANDB_CACHE_DIR": str(c / "wandb"),
+        }
+
+    def child_env(self, cfg: Config, base: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+        """The environment every child gets (secrets are added per stage, elsewhere)."""
+        env = {k: v for k, v in base.items() if not k.startswith("NOTIFY_SOCKET") and k != "WATCHDOG_USEC"}
+        env.update(self.cache_env())
+        env.update({
+            "RAY_TMPDIR": str(self.child_ray_tmp),
+            # All three: Python's tempfile honours TMPDIR, TEMP and TMP (in that order), and the
+            # seed's setup_sys_cache.sh exports all three; a long one left over from the daemon's
+            # own environment must not reach a child (AF_UNIX paths, see child_tmp).
+            "TMPDIR": str(self.child_tmp),
+            "TEMP": str(self.child_tmp),
+            "TMP": str(self.child_tmp),
+            "WANDB_DIR": str(self.wandb_dir),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in cfg.gpus.visible),
+            "SHOPSIMRL_PROJECT_ROOT": str(self.project_root),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if cfg.wandb.enabled:
+            env["WANDB_MODE"] = cfg.wandb.mode
+            env["WANDB_PROJECT"] = cfg.wandb.project
+            if cfg.wandb.group:
+                env["WANDB_RUN_GROUP"] = cfg.wandb.group
+        return env
+
+    def ensure(self, cfg: Config) -> None:
+        """Create the campaign, experiment and cache trees, and the managed runs/ link."""
+        for sub in EXP_SUBDIRS:
+            (self.exp_dir / sub).mkdir(parents=True, exist_ok=True)
+        for sub in CACHE_SUBDIRS:
+            (self.cache_root / sub).mkdir(parents=True, exist_ok=True)
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for link, target in ((self.child_tmp, self.tmp), (self.child_ray_tmp, self.ray_tmp)):
+            if link != target and not (link.is_symlink() and Path(os.readlink(link)) == target):
+                link.unlink(missing_ok=True)
+                link.symlink_to(target, target_is_directory=True)
+        if cfg.storage.manage_runs_link:
+            self.ensure_runs_link()
+
+    def ensure_runs_link(self) -> None:
+        """Make ``<project_root>/runs`` a symlink to ``$EXP_DIR/runs``; never delete a real dir."""
+        link = self.project_root / "runs"
+        target = self.runs
+        if link.is_symlink():
+            if Path(os.readlink(link)) == target:
+                return
+            link.unlink()
+        elif link.exists():
+            raise ConfigError(
+                f"{link}: is a real directory in the checkout, so the tools' output would land in the repo; "
+                f"fix: move it to {target} (mv {link} {target}) and rerun, or set storage.manage_runs_link = false"
+            )
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=True)

@@ -1,0 +1,273 @@
+"""The campaign ledger: one TSV row per round outcome, in the repo (SPEC §6).
+
+Columns (the auto-research template, then the storage etiquette's absolute paths)::
+
+    index branch parent_commit commit recipe metric_name metric_value memory_gb elapsed_min
+    launcher job_id command log_path status description exp_dir checkpoint_path
+    artifacts_path cache_root causes
+
+``causes`` (issue 18) lists the round's failed attempts as ``STATE:cause`` words, oldest
+first (``TRAIN:cuda_oom TRAIN:unknown``; empty for a clean round); each has a crash bundle
+under ``<exp_dir>/logs/attempts/``. It is the last column, and rows are read by header name,
+so a ledger written before it existed reads the same (its rows get an empty ``causes``).
+
+``status`` is ``keep``, ``discard`` or ``crash``. ``index`` is the round's 0-based index and
+is the row's identity: :meth:`Ledger.append` is idempotent on it, so a daemon that crashes
+after recording a round and records it again on restart never duplicates the row.
+
+Every write rewrites the whole file atomically (temp file, fsync, replace, fsync the dir),
+so a crash leaves the old ledger or the new one, never half a row. Values are sanitized
+(tabs and newlines become spaces) and are redacted: by the ``redact`` callable the ledger
+was given, else by the process's installed Redactor (``secrets.install``), so no row
+reaches the repo unmasked whoever built it.
+
+Overflow: past ``max_bytes`` (1 MiB) the full TSV moves to ``<overflow_dir>/<name>.tsv``
+(under the campaign root on the volume) and the repo file becomes a pointer plus a summary,
+still a valid TSV for readers that skip ``#`` comment lines::
+
+    # full ledger: /ephemeral/.../<campaign>/ledger/<campaign>.tsv (1234 rows, 1.1 MiB)
+    # this file keeps the last 20 rows; `shoprld ledger` prints them all
+    index  branch  ...                     (header)
+    ...                                    (the last 20 rows)
+
+Write order in overflow mode: the full file first, then the pointer. :meth:`Ledger.rows`
+reads the union of both files (full file first), so any crash in between still sees every
+row, and a re-append is still a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.errors import ShoprldError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.secrets import installed
+from shoprld.daemon.foundation.store import atomic_write
+
+COLUMNS = (
+    "index", "branch", "parent_commit", "commit", "recipe", "metric_name", "metric_value",
+    "memory_gb", "elapsed_min", "launcher", "job_id", "command", "log_path", "status",
+    "description", "exp_dir", "checkpoint_path", "artifacts_path", "cache_root", "causes",
+)
+STATUSES = ("keep", "discard", "crash")
+POINTER_PREFIX = "# full ledger: "
+MiB = 1024 * 1024
+
+
+class LedgerError(ShoprldError):
+    """The ledger cannot be read or written safely."""
+
+
+# Tab, and every character str.splitlines() breaks on (CR LF, VT, FF, FS, GS, RS, NEL,
+# LS, PS): a cell holding any of them would split a row for some reader.
+_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def sanitize(value: Any) -> str:
+    """One TSV cell: None -> "", tabs and line breaks -> one space each (CRLF -> one space)."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    return text.replace("\r\n", " ").translate(_BREAKS)
+
+
+def make_row(**fields: Any) -> dict[str, str]:
+    """A full row in column order; missing columns are "". Unknown names raise ValueError."""
+    unknown = sorted(set(fields) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"ledger: unknown column(s) {', '.join(unknown)}; known: {' '.join(COLUMNS)}")
+    return {c: sanitize(fields.get(c)) for c in COLUMNS}
+
+
+def parse_rows(text: str) -> list[dict[str, str]]:
+    """The rows of one ledger TSV text, each keyed by every column ("" where the file lacks one);
+    ``#`` comment lines (the overflow pointer) are skipped. import-campaign merges with it."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    for line in text.split("\n"):  # not splitlines(): see _BREAKS
+        if not line or line.startswith("#"):
+            continue
+        cells = line.split("\t")
+        if header is None:
+            header = cells
+            continue
+        # By header name, so a ledger written with another column order still reads right.
+        by_name = dict(zip(header, cells))
+        rows.append({c: by_name.get(c, "") for c in COLUMNS})
+    return rows
+
+
+def format_rows(rows: list[dict[str, str]], comments: tuple[str, ...] = ()) -> bytes:
+    """The ledger TSV for ``rows`` (header first, ``comments`` above it), as every ledger file is written."""
+    lines = list(comments)
+    lines.append("\t".join(COLUMNS))
+    lines.extend("\t".join(r.get(c, "") for c in COLUMNS) for r in rows)
+    return ("\n".join(lines) + "\n").encode()
+
+
+class Ledger:
+    """The ledger file at ``path``, overflowing into ``overflow_dir`` past ``max_bytes``."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        overflow_dir: Path,
+        max_bytes: int = MiB,
+        summary_rows: int = 20,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.overflow_dir = Path(overflow_dir)
+        self.max_bytes = max_bytes
+        self.summary_rows = summary_rows
+        self.redact = redact
+
+    @property
+    def overflow_path(self) -> Path:
+        """Where the full TSV lives once the repo file overflowed."""
+        return self.overflow_dir / f"{self.path.stem}.tsv"
+
+    # -- reading ----------------------------------------------------------------------
+    def _read(self, path: Path) -> str | None:
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise LedgerError(f"{path}: cannot read the ledger ({exc.strerror}); fix: check the path and the volume")
+
+    def _pointer_target(self, text: str | None) -> Path | None:
+        if text and text.startswith(POINTER_PREFIX):
+            first = text.split("\n", 1)[0][len(POINTER_PREFIX):]
+            return Path(first.rsplit(" (", 1)[0].strip())
+        return None
+
+    def rows(self) -> list[dict[str, str]]:
+        """Every row, in index order of first appearance (from the full file when overflowed)."""
+        repo_text = self._read(self.path)
+        target = self._pointer_target(repo_text) or self.overflow_path
+        full_text = self._read(target)
+        if full_text is None and self._pointer_target(repo_text) is not None:
+            raise LedgerError(
+                f"{target}: the full ledger is missing (the repo file {self.path} points to it); "
+                "fix: mount the volume that holds it, or restore it"
+            )
+        seen: set[str] = set()
+        out: list[dict[str, str]] = []
+        for text in (full_text, repo_text):
+            for row in parse_rows(text or ""):
+                if row["index"] not in seen:
+                    seen.add(row["index"])
+                    out.append(row)
+        return out
+
+    def has_round(self, index: int) -> bool:
+        key = str(index)
+        return any(r["index"] == key for r in self.rows())
+
+    # -- writing ----------------------------------------------------------------------
+    def _clean(self, row: Mapping[str, Any]) -> dict[str, str]:
+        full = make_row(**row)
+        redact = self.redact or installed().text
+        full = {c: sanitize(redact(v)) for c, v in full.items()}
+        if not full["index"].strip():
+            raise ValueError("ledger: the row has no index (the round's 0-based index)")
+        if full["status"] not in STATUSES:
+            raise ValueError(f"ledger: status {full['status']!r}; use one of {', '.join(STATUSES)}")
+        return full
+
+    def append(self, row: Mapping[str, Any]) -> bool:
+        """Record a round outcome. False (and no write) when this index is already there."""
+        new = self._clean(row)
+        rows = self.rows()
+        if any(r["index"] == new["index"] for r in rows):
+            return False
+        rows.append(new)
+        self._write(rows)
+        return True
+
+    def _write(self, rows: list[dict[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        full = format_rows(rows)
+        if len(full) <= self.max_bytes and not self.overflow_path.exists():
+            atomic_write(self.path, full)
+            return
+        try:
+            self.overflow_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.overflow_path, full)
+        except OSError as exc:
+            # The volume is full or gone: a big ledger in the repo beats a lost row.
+            import structlog  # lazy: ~0.2 s, only on this failure; `shoprld ledger` never logs
+
+            structlog.get_logger("shoprld.ledger").warning(
+                "ledger.overflow_failed", path=str(self.overflow_path), error=str(exc))
+            atomic_write(self.path, full)
+            return
+        tail = rows[-self.summary_rows:]
+        pointer = f"{POINTER_PREFIX}{self.overflow_path.resolve()} ({len(rows)} rows, {len(full) / MiB:.1f} MiB)"
+        note = f"# this file keeps the last {len(tail)} rows; `shoprld ledger` prints them all"
+        atomic_write(self.path, format_rows(tail, (pointer, note)))
+
+
+def git_info(repo: Path, timeout: float = 5.0) -> dict[str, str]:
+    """commit, branch and parent_commit of ``repo`` ("" for what git cannot tell)."""
+
+    def git(*args: str) -> str:
+        try:
+            res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                 timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return res.stdout.strip() if res.returncode == 0 else ""
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        "parent_commit": git("rev-parse", "HEAD~1"),
+    }
+
+
+# Columns worth a terminal's width; --json and the piped TSV carry all of them.
+_TTY_COLUMNS = ("index", "status", "metric_name", "metric_value", "elapsed_min", "memory_gb", "branch", "commit",
+                "description")
+
+
+def print_ledger(config_path: Path, as_json: bool = False) -> int:
+    """``shoprld ledger``: the TSV (piped), a table (terminal) or a JSON list."""
+    cfg = load_config(config_path)
+    layout = Layout.from_config(cfg)
+    ledger = Ledger(layout.ledger, overflow_dir=layout.campaign_root / "ledger")
+    rows = ledger.rows()
+    out = sys.stdout
+    if as_json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    if not out.isatty():
+        out.write(format_rows(rows).decode())
+        return 0
+    from rich.console import Console  # lazy: rich only for a terminal, as status does
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not rows:
+        console.print(f"no rounds recorded yet ({ledger.path})")
+        return 0
+    table = Table(title=str(ledger.path), title_justify="left", title_style="dim")
+    for c in _TTY_COLUMNS:
+        table.add_column(c, no_wrap=c != "description", overflow="fold")
+    style = {"keep": "green", "discard": "yellow", "crash": "red"}
+    for r in rows:
+        cells = [r[c][:12] if c == "commit" else r[c] for c in _TTY_COLUMNS]
+        table.add_row(*cells, style=style.get(r["status"]))
+    console.print(table)
+    n = len(rows)
+    console.print(f"[dim]{n} row{'' if n == 1 else 's'}; all {len(COLUMNS)} columns: "
+                  "shoprld ledger --json, or pipe it[/dim]")
+    return 0

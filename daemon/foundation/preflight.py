@@ -1,0 +1,109 @@
+"""PREFLIGHT_DISK's checks, from the config: the disk module's checks + the real stack's files.
+
+Used by the PREFLIGHT_DISK state (which raises on the first problem, exit 3) and by
+``shoprld check`` (which lists them all, with no side effects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.layout import Layout
+
+
+def forecast_for(cfg: Config, last_checkpoint_bytes: int | None) -> disk.Forecast:
+    """What the next round needs: the last checkpoint's measured size (or the configured
+    estimate before the first one) times the peak during a save (the ``disk.keep_finals``
+    finals retention keeps, plus the one being written), plus an HF export, plus margin."""
+    return disk.forecast(
+        last_checkpoint_bytes=last_checkpoint_bytes, estimate_bytes=cfg.disk.checkpoint_estimate,
+        keep=cfg.disk.keep_finals + 1, hf_bytes=cfg.disk.hf_estimate, margin_bytes=cfg.disk.margin,
+    )
+
+
+def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> disk.Limits:
+    """The volume's soft and hard limits for a checkpoint of ``checkpoint_bytes`` (the config's
+    overrides win), as the engine's guard derives them."""
+    return disk.limits(total_bytes, checkpoint_bytes, soft_override=cfg.disk.soft_limit,
+                       hard_override=cfg.disk.hard_limit)
+
+
+def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[disk.PreflightProblem]:
+    fc = forecast_for(cfg, last_checkpoint_bytes)
+    heavy = layout.heavy_paths(cfg)
+    link = layout.project_root / "runs"
+    if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
+        # Not created yet (check, or the first preflight pass): judge where it will point.
+        heavy["<project_root>/runs"] = layout.runs
+    return disk.preflight(
+        ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
+        need_bytes=fc.total, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
+        forbid_same_fs=cfg.disk.forbid_same_fs,
+    )
+
+
+def real_stack_problems(cfg: Config, values: Mapping[str, str]) -> list[disk.PreflightProblem]:
+    """The files the real stack needs before any GPU work (``[preflight] must_exist``)."""
+    out: list[disk.PreflightProblem] = []
+    for what, template in cfg.preflight.must_exist.items():
+        path = Path(template.format_map(dict(values)))
+        if not path.exists():
+            fix = cfg.preflight.convert_hint if what == "ref_load" and cfg.preflight.convert_hint else \
+                f"create it, or set the path in {cfg.source} [vars]/[preflight]"
+            out.append(disk.PreflightProblem(f"{what} is missing", str(path), fix))
+    return out
+
+
+# Variables that name a directory children create unix sockets under: Megatron's async
+# checkpoint writer starts a spawn-context multiprocessing.Manager() whose socket is
+# <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX (about 32 characters more), Ray puts its session
+# sockets under RAY_TMPDIR, and an AF_UNIX path holds at most 107 bytes. A value that leaves
+# less than 40 characters of room fails the first save, hours into a round (issue 14).
+TMPDIR_KEYS = ("TMPDIR", "TMP", "TEMP", "RAY_TMPDIR")
+AF_UNIX_PATH_MAX = 107
+SOCKET_ROOM = 40
+
+
+def tmpdir_too_long(value: str) -> bool:
+    """Whether a TMPDIR-like ``value`` leaves too little room for a unix socket under it."""
+    return len(value) + SOCKET_ROOM > AF_UNIX_PATH_MAX
+
+
+def tmpdir_problems(cfg: Config, layout: Layout, values: Mapping[str, str]) -> list[disk.PreflightProblem]:
+    """Every configured TMPDIR/TMP/TEMP/RAY_TMPDIR a child would get that is too long for an
+    AF_UNIX socket under it: the layout's child environment, and each stage's ``env``,
+    ``server_env`` and the Ray job's ``runtime_env`` (which override the layout's short link)."""
+    out: list[disk.PreflightProblem] = []
+    limit = AF_UNIX_PATH_MAX - SOCKET_ROOM
+    for key, value in layout.child_env(cfg, base={}).items():
+        if key in TMPDIR_KEYS and tmpdir_too_long(value):
+            out.append(disk.PreflightProblem(
+                f"{key} for every child is {len(value)} characters, too long for a unix socket under it "
+                f"(at most {limit})", value,
+                f"shorten storage.ephemeral_root or campaign.name/experiment in {cfg.source}"))
+    for dotted, template in cfg.templates():
+        parts = dotted.split(".")
+        if len(parts) != 3 or parts[1] not in ("env", "server_env", "runtime_env") or parts[2] not in TMPDIR_KEYS:
+            continue
+        try:
+            value = template.format_map(dict(values))
+        except (KeyError, IndexError, ValueError):
+            value = template
+        if tmpdir_too_long(value):
+            out.append(disk.PreflightProblem(
+                f"{dotted} is too long for a unix socket under it ({len(value)} characters, at most {limit}; "
+                "Megatron's checkpoint save would fail with 'AF_UNIX path too long')",
+                f"{cfg.source}:{dotted} = {value}",
+                f"remove it, and children get shoprld's short /tmp link to the experiment's tmp dir; "
+                f"or set a path of at most {limit} characters"))
+    return out
+
+
+def df_text(cfg: Config, layout: Layout) -> str:
+    paths = {"repo": layout.repo}
+    if layout.ephemeral_root.exists():
+        paths["volume"] = layout.ephemeral_root
+    return disk.df_summary(paths)

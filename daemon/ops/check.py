@@ -1,0 +1,140 @@
+"""``shoprld check``: validate the config, then print the launch checklist. No side effects.
+
+It reproduces the etiquette's launch checklist: the disk summary of repo and volume, the
+chosen campaign root, every cache and output path redirected, the ``.env`` keys present
+(names only), and "ready" or the first blocking item.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
+from shoprld.daemon.foundation.config import PLACEHOLDERS, Config, load_config
+from shoprld.daemon.foundation.disk import PreflightProblem
+from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
+from shoprld.daemon.services.hygiene import lines, scan_repo
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.foundation.preflight import df_text, preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.round.plan import resolve
+from shoprld.daemon.round.saves import describe as describe_saves
+from shoprld.daemon.round.saves import plan as plan_saves
+from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.services.validate import Problem
+from shoprld.daemon.services.validate import problems as validation_problems
+
+
+def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Problem]) -> list[str]:
+    """Everything that would stop `shoprld run` before any work, as one line each: first what
+    :func:`validate.problems` found (run refuses the same things at its start), then a too-long
+    TMPDIR, secrets and PREFLIGHT_DISK's checks."""
+    problems: list[str] = [p.line() for p in invalid]
+    templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
+    values: dict[str, str] = {}
+    if templates_ok:
+        values = dict(resolve(cfg, layout, 0).values)
+    # A too-long TMPDIR early: it is a config error that only shows hours into a round.
+    problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
+    try:
+        secrets.require(cfg.required_secrets())
+    except Exception as exc:  # ConfigError: one line already
+        problems.append(str(exc))
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        problems.append(missing)
+    problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
+    if templates_ok:
+        problems.extend(p.line() for p in real_stack_problems(cfg, values))
+    # The analyst's config is a file of the project, there before any round: judge it now.
+    problems.extend(analyst_config_mismatches(cfg, layout.project_root / ANALYST_CONFIG))
+    gpu_problem, _ = _gpu_count(cfg)
+    if gpu_problem:
+        problems.append(gpu_problem)
+    return problems
+
+
+def _gpu_count(cfg: Config) -> tuple[str | None, str]:
+    """(blocking line, note) for gpus.visible against ``nvidia-smi -L`` (skipped with a note when
+    the recipe looks at no GPU, ``gpus.probe = "none"``, as the demo's stand-ins do)."""
+    if cfg.gpus.probe == "none":
+        return None, 'GPU count not checked (gpus.probe = "none")'
+    problem, note = gpu_count_check(cfg.gpus.visible, smi=cfg.gpus.nvidia_smi)
+    if problem is None:
+        return None, note or ""
+    fix = "list only GPUs this machine has in gpus.visible (and keep tp_size dividing their number)"
+    return PreflightProblem(problem, f"{cfg.source}:gpus.visible", fix).line(), problem
+
+
+def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = False) -> int:
+    if placeholders:
+        for name, what in sorted(PLACEHOLDERS.items()):
+            print(f"{{{name}}}\t{what}")
+        return 0
+    cfg = load_config(path)
+    layout = Layout.from_config(cfg)
+    secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    # The same validation `shoprld run` does at its start (issue 15): what it refuses, check
+    # reports as NOT READY.
+    invalid = validation_problems(cfg, layout)
+    out = sys.stdout.write
+    out(f"campaign      {cfg.campaign.name} / {cfg.campaign.experiment}: "
+        f"{cfg.campaign.rounds} rounds x {cfg.campaign.steps_per_round} steps\n")
+    out(f"config        {cfg.source}\n")
+    rows = {
+        "repo": layout.repo, "project root": layout.project_root, "ephemeral root": layout.ephemeral_root,
+        "brev root": layout.brev_root, "cache root": layout.cache_root, "campaign root": layout.campaign_root,
+        "exp dir": layout.exp_dir, "state dir": layout.state_dir, "ledger": layout.ledger,
+        "env file": layout.env_file,
+    }
+    rows.update(layout.heavy_paths(cfg))
+    out("\npaths\n")
+    for k, v in rows.items():
+        out(f"  {k:<22} {v}\n")
+    out("\nchild environment (every stage)\n")
+    env = layout.child_env(cfg, base={})
+    links = {str(layout.child_tmp): layout.tmp, str(layout.child_ray_tmp): layout.ray_tmp}
+    for k in sorted(env):
+        via = f"  (-> {links[env[k]]})" if env[k] in links and Path(env[k]) != links[env[k]] else ""
+        out(f"  {k}={secrets.redact(env[k])}{via}\n")
+    present = sorted(k for k, v in secrets.values.items() if v)
+    out(f"\n.env keys present ({layout.env_file}): {', '.join(present) if present else 'none'}\n")
+    need = cfg.required_secrets()
+    out(f".env keys required: {', '.join(f'{k} ({why})' for k, why in need.items()) or 'none'}\n")
+    out("\nstage environments (tool versions, read in each env)\n")
+    for env_versions in stage_env_versions(cfg, layout):
+        out(f"  {env_versions.line()}\n")
+    gpu = gpu_report(cfg.gpus.build_sm or None, cfg.gpus.visible)
+    shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
+    out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
+    out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
+    for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
+        out(f"  WARNING: {w}\n")
+    if print_commands and any(p.template for p in invalid):
+        out("\nstage commands: not shown until the config is valid (see NOT READY below)\n")
+    elif print_commands:
+        out("\nstage commands (round 0 and round 1; secrets masked)\n")
+        for line in describe_commands(cfg, layout, secrets):
+            out(f"{line}\n")
+    warning = shopsim_exposure_warning(cfg.shopsim.url)
+    if warning:
+        out(f"\nwarning: {warning}\n")
+    out("\n" + df_text(cfg, layout) + "\n")
+    out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
+    problems = _blocking(cfg, layout, secrets, invalid)
+    if problems:
+        out(f"\nNOT READY: {problems[0]}\n")
+        for extra in problems[1:]:
+            out(f"  also: {extra}\n")
+        sys.stdout.flush()
+        # Every non-zero exit has its one line on stderr, as `run` would print it.
+        print(f"shoprld: NOT READY: {problems[0]}", file=sys.stderr)
+        return 3
+    out("\nready\n")
+    # The config is valid; whether the campaign's own tools do what the daemon expects is only
+    # known by running them: a tiny round before the first night costs minutes, not a night.
+    out(f"next: shoprld rehearse -c {cfg.source}   (one tiny round of the real tools, ~minutes; "
+        "do it before a first campaign)\n")
+    return 0

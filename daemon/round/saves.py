@@ -1,0 +1,373 @@
+"""Saves that pay for themselves: slime's ``--save-interval`` for each trainer launch (issue 17).
+
+Theory of operation
+-------------------
+A save costs ``C`` seconds of training; a fault throws away everything since the last save.
+Young's optimum (Daly's first order) saves every ``sqrt(2 * C * MTBF)`` seconds of work. This
+module turns that into slime's ``--save-interval``, in steps (rollouts), once per trainer launch:
+
+* **C**, the save cost: the median of the campaign's last few measured saves. The trainer logs
+  each one (slime: ``Timer save_model end (elapsed: X s)``, which includes the ``--save-hf``
+  export; the gpu-smoke trainer: ``saved checkpoint iter N in X s``). Before the next launch the
+  previous launch's log is read for them and each is journaled as ``save.timed``. Before the
+  first one: ``[saves] cost_guess``.
+* **MTBF**: the prior ``[saves] prior_faults`` in ``prior_window`` (the seed's night: two faults
+  in 25 h) counted as pseudo-observations, plus this campaign's own: the trainer failures the
+  journal records (``attempt.failed`` in TRAIN after a trainer ran: crashes, stalls, ShopSim
+  outages; and a daemon that died in TRAIN without its trainer being adopted again) over the
+  hours spent in TRAIN. ``MTBF = (window + hours) / (prior_faults + faults)``: the prior's word
+  at first, the campaign's own as it accumulates (the Gamma-Poisson posterior mean of the rate).
+* **the step time**: TRAIN's median step of the latest round that reported one (``stage.outcome``);
+  before that, ``[saves] step_guess``.
+
+The interval is ``round(sqrt(2 C M) / step)``, at least 1. slime saves when
+``(rollout_id + 1) % interval == 0`` and always at the last rollout, so every round still ends on
+its complete final checkpoint, whatever the interval. An interval that would put a save on the
+step just before the final one is moved by a step or two (the optimum is flat; that save would
+buy nothing). An optimum at least as long as the steps left, or a disk without room for one more
+checkpoint (the forecast of :func:`daemon.preflight.forecast_for` plus one checkpoint, against
+the free bytes above the hard limit), gives the seed's one save per round:
+``max(train.save_interval, --num-rollout)``, which never fires before the last rollout.
+
+Every choice is journaled as ``save.interval`` with its inputs and where each came from, shown by
+``shoprld status`` (one line) and ``shoprld check`` (one line), and recorded in
+``<artifacts>/saves/<round_id>.json``: ``{save_interval}`` reads the record, so every reader of
+the round's values (the argv, the Ray job's env, the ledger) agrees with what was launched.
+``[saves] mode = "fixed"`` (the default) keeps ``train.save_interval`` as it is.
+
+slime's rule, read upstream (THUDM/slime ``train.py`` at 624b824a, lines 49-80, and
+``slime/utils/misc.py`` ``should_run_periodic_action``, lines 107-128): a save runs when
+``rollout_id == num_rollout - 1`` (forced and synchronous even with ``--async-save``; added by
+PR #1143, commit 0fe58b45, 2025-12-18), or ``(rollout_id + 1) % save_interval == 0``, or at an
+epoch end (``(rollout_id + 1) % num_rollout_per_epoch == 0``). Older slime (e.g. 005bd1a0)
+had no forced last save: with it, a round would end on a checkpoint only when its end is a
+multiple of the interval. ``save_model`` is wrapped in slime's ``@timer``
+(``slime/observability/timer.py``), which logs ``Timer save_model end (elapsed: X.Xs)`` on rank 0.
+
+Pure where it can be: :func:`young_daly_steps`, :func:`learned_mtbf`, :func:`read_history` and
+:func:`choose` take plain values; :func:`choose_for_launch` does the reading and the writing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation.config import Config, SavesSection
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.preflight import forecast_for, limits_for
+from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
+
+# The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke
+# megatron-core trainer's own line. The seconds are the first group.
+SAVE_TIMING = re.compile(
+    rb"Timer save_model end \(elapsed: (\d+(?:\.\d+)?)s\)"
+    rb"|saved checkpoint iter \d+ in (\d+(?:\.\d+)?) s\b")
+RECENT_SAVES = 5  # the save cost is the median of the last few: a disk that fills slows down
+NUDGE = 0.25      # how far (a fraction of the optimum) an interval may move off the eve of the final save
+
+
+# -- the formula ---------------------------------------------------------------------------------
+def young_daly_steps(save_cost_s: float, mtbf_s: float, step_s: float) -> float:
+    """The optimal work between saves, ``sqrt(2 * C * MTBF)``, in steps (unrounded)."""
+    if save_cost_s <= 0 or mtbf_s <= 0 or step_s <= 0:
+        raise ValueError(f"save cost, MTBF and step time must be > 0, got {save_cost_s}, {mtbf_s}, {step_s}")
+    return math.sqrt(2.0 * save_cost_s * mtbf_s) / step_s
+
+
+def learned_mtbf(prior_faults: float, prior_window_s: float, faults: int, exposure_s: float) -> float:
+    """The prior's faults in its window, plus the campaign's own faults in its training time."""
+    if prior_faults <= 0 or prior_window_s <= 0 or faults < 0 or exposure_s < 0:
+        raise ValueError("the prior must be > 0, the observed faults and hours >= 0")
+    return (prior_window_s + exposure_s) / (prior_faults + faults)
+
+
+def steps_interval(optimum_steps: float, steps_left: int, end_iteration: int) -> int:
+    """The optimum rounded into ``[1, steps_left]``, moved off a save on the step before the
+    final one (``end_iteration % k == 0``) when a neighbour within :data:`NUDGE` avoids it."""
+    k = max(1, min(steps_left, round(optimum_steps)))
+    if k == 1 or k == steps_left or end_iteration % k:  # steps_left: one save per round, nothing to move
+        return k
+    reach = max(1, int(k * NUDGE))
+    for d in range(1, reach + 1):
+        for cand in (k + d, k - d):
+            if 2 <= cand < steps_left and end_iteration % cand:
+                return cand
+    return k
+
+
+# -- what the journal says ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class History:
+    """What this campaign has measured so far (from the journal)."""
+
+    save_costs: tuple[float, ...] = ()   # seconds, oldest first
+    faults: tuple[float, ...] = ()       # the times (epoch seconds) trainer work was lost
+    exposure_s: float = 0.0              # seconds spent in TRAIN
+    step_s: float | None = None          # the latest round's median step time
+
+
+def timing_key(rec: Mapping[str, Any]) -> tuple[str, int]:
+    """A save timing's identity: where in which log it was read (harvested twice, counted once)."""
+    return str(rec.get("log", "")), int(rec.get("at", -1))
+
+
+def read_history(records: Iterable[Mapping[str, Any]], *, now: float) -> History:
+    """The save costs, faults, training time and step time in journal records (in order)."""
+    costs: dict[tuple[str, int], float] = {}
+    faults: list[float] = []
+    exposure = 0.0
+    step: float | None = None
+    prev: Mapping[str, Any] | None = None
+    trainer_ran = False
+    died_in_train: float | None = None  # a daemon died in TRAIN: lost work, unless the trainer is adopted
+    for rec in records:
+        event, t = rec.get("event"), _num(rec.get("t"))
+        restart = event == "transition" and rec.get("src") is None
+        before = _num(prev.get("t")) if prev is not None else None
+        if prev is not None and prev.get("state") == "TRAIN" and t is not None and before is not None and not restart:
+            exposure += max(0.0, t - before)
+        if restart and prev is not None and prev.get("state") == "TRAIN":
+            died_in_train = _num(prev.get("t"))
+        if event == "transition":
+            trainer_ran = False
+        elif event in ("stage.spawn", "child.adopted") and rec.get("role") == "trainer":
+            if died_in_train is not None and event == "stage.spawn":
+                faults.append(died_in_train)
+            died_in_train = None
+            trainer_ran = True
+        elif event == "attempt.failed" and rec.get("state") == "TRAIN" and trainer_ran and t is not None:
+            faults.append(t)
+        elif event == "save.timed" and (s := _num(rec.get("seconds"))) is not None and s > 0:
+            costs[timing_key(rec)] = s
+        elif event == "stage.outcome" and rec.get("state") == "TRAIN" and (s := _num(rec.get("step_seconds"))):
+            step = s if s > 0 else step
+        prev = rec
+    if prev is not None and prev.get("state") == "TRAIN" and (last := _num(prev.get("t"))) is not None:
+        exposure += max(0.0, now - last)  # the attempt under way
+    return History(tuple(costs.values()), tuple(faults), exposure, step)
+
+
+def save_timings(data: bytes, *, base_offset: int = 0) -> list[tuple[int, float]]:
+    """``(byte offset, seconds)`` of every save-timing line in a piece of trainer log."""
+    return [(base_offset + m.start(), float(m.group(1) or m.group(2))) for m in SAVE_TIMING.finditer(data)]
+
+
+# -- the choice -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DiskRoom:
+    """Whether one more checkpoint fits: the round's forecast plus one checkpoint, against the
+    free bytes above the hard limit (as ``plan.fits_disk`` judges the next round)."""
+
+    need_bytes: int
+    room_bytes: int
+
+    @property
+    def ok(self) -> bool:
+        return self.room_bytes >= self.need_bytes
+
+
+@dataclass(frozen=True)
+class SaveChoice:
+    """One launch's ``--save-interval`` and everything it came from (the ``save.interval`` event)."""
+
+    mode: str
+    interval: int                 # what --save-interval gets
+    mid_round: bool               # True: saves inside the round; False: one save per round
+    reason: str                   # why, in words (the fallback's cause when mid_round is False)
+    optimum_steps: float | None
+    steps_left: int
+    save_cost_s: float
+    save_cost_source: str
+    mtbf_s: float
+    mtbf_source: str
+    step_s: float
+    step_source: str
+    disk_room: bool | None        # None: not judged (fixed mode, or the volume could not be read)
+    disk_need_bytes: int | None
+    disk_room_bytes: int | None
+
+    def as_event(self) -> dict[str, Any]:
+        """The ``save.interval`` fields, with the one-line ``summary`` that status shows."""
+        return {**asdict(self), "summary": describe(self)}
+
+
+def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_left: int,
+           end_iteration: int, num_rollout: int, room: DiskRoom | None) -> SaveChoice:
+    """The interval for one launch (see the module docstring); pure."""
+    recent = history.save_costs[-RECENT_SAVES:]
+    cost, cost_src = ((statistics.median(recent), f"measured (median of the last {len(recent)})") if recent
+                      else (saves.cost_guess, "guess ([saves] cost_guess)"))
+    faults = len(history.faults)
+    mtbf = learned_mtbf(saves.prior_faults, saves.prior_window, faults, history.exposure_s)
+    mtbf_src = (f"prior ({saves.prior_faults:g} faults in {saves.prior_window / 3600:.3g} h) + "
+                f"{faults} fault(s) in {history.exposure_s / 3600:.3g} h of training")
+    step, step_src = ((history.step_s, "measured (TRAIN's median)") if history.step_s
+                      else (saves.step_guess, "guess ([saves] step_guess)"))
+    once = max(fixed_interval, num_rollout)  # never fires before the last rollout
+    as_fixed = SaveChoice(mode=saves.mode, interval=fixed_interval, mid_round=fixed_interval < steps_left,
+                          reason="train.save_interval ([saves] mode = fixed)", optimum_steps=None,
+                          steps_left=steps_left, save_cost_s=cost, save_cost_source=cost_src, mtbf_s=mtbf,
+                          mtbf_source=mtbf_src, step_s=step, step_source=step_src,
+                          disk_room=None if room is None else room.ok,
+                          disk_need_bytes=None if room is None else room.need_bytes,
+                          disk_room_bytes=None if room is None else room.room_bytes)
+    if saves.mode == "fixed":
+        return as_fixed
+    optimum = young_daly_steps(cost, mtbf, step)
+    k = steps_interval(optimum, steps_left, end_iteration)
+    if k >= steps_left:  # an interval of the whole round could still fire once before its end
+        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
+                       reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} steps left")
+    if room is None or not room.ok:
+        why = ("the volume could not be read" if room is None else
+               f"no disk room for a mid-round save (needs {_gib(room.need_bytes)} above the hard limit, "
+               f"{_gib(room.room_bytes)} there)")
+        return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum, reason=why)
+    return replace(as_fixed, interval=k, mid_round=True, optimum_steps=optimum,
+                   reason=f"Young/Daly: a save every {k} steps")
+
+
+# -- reading the world, once per launch ------------------------------------------------------------
+def record_path(layout: Layout, round_index: int) -> Path:
+    """The round's last choice."""
+    return layout.artifacts / "saves" / f"{round_id(round_index)}.json"
+
+
+def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned: bool = False) -> str:
+    """``{save_interval}``: the round's recorded adaptive choice, else ``train.save_interval``.
+    ``planned`` (check --print-commands): the interval a launch at the round's start would get now."""
+    if cfg.saves.mode != "adaptive":
+        return str(cfg.train.save_interval)
+    if planned:
+        return str(plan(cfg, layout, round_index, now=time.time(), planned=True).interval)
+    rec = read_json(record_path(layout, round_index)) or {}
+    if isinstance(rec.get("interval"), int) and rec["interval"] >= 1:
+        return str(rec["interval"])
+    return str(cfg.train.save_interval)
+
+
+def disk_room(cfg: Config, layout: Layout, last_checkpoint_bytes: int | None) -> DiskRoom | None:
+    """Room for one more checkpoint on the volume now (None when it cannot be read)."""
+    try:
+        s = disk.sample(layout.ephemeral_root)
+    except OSError:
+        return None
+    fc = forecast_for(cfg, last_checkpoint_bytes)
+    hard = limits_for(cfg, s.total_bytes, fc.checkpoint_bytes).hard_bytes
+    return DiskRoom(need_bytes=fc.total + fc.checkpoint_bytes, room_bytes=s.free_bytes - hard)
+
+
+def _steps_left(cfg: Config, layout: Layout, round_index: int, *, planned: bool) -> tuple[int, int, int]:
+    """(steps left, end iteration, --num-rollout) of the round, from its resume point."""
+    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
+    end = m.end_iteration(round_index)
+    floor = m.end_iteration(round_index - 1) if round_index > 0 else 0
+    latest = None if planned else ckpt.scan(layout.save_dir).latest_complete
+    resume = max(floor, latest.iteration) if latest is not None else floor
+    return max(1, end - resume), end, m.num_rollout(round_index)
+
+
+def plan(cfg: Config, layout: Layout, round_index: int, *, now: float, planned: bool = False,
+         fresh: Iterable[Mapping[str, Any]] = ()) -> SaveChoice:
+    """The choice for a launch of ``round_index`` now (``planned``: from the round's start, as
+    ``check`` shows it). ``fresh``: ``save.timed`` records not in the journal yet."""
+    records = list(Store(layout.state_dir).journal()) if layout.state_dir.exists() else []
+    history = read_history([*records, *fresh], now=now)
+    latest = ckpt.scan(layout.save_dir).latest_complete
+    room = disk_room(cfg, layout, latest.bytes if latest is not None else None) if cfg.saves.mode == "adaptive" else None
+    steps_left, end, num_rollout = _steps_left(cfg, layout, round_index, planned=planned)
+    return choose(cfg.saves, fixed_interval=cfg.train.save_interval, history=history, steps_left=steps_left,
+                  end_iteration=end, num_rollout=num_rollout, room=room)
+
+
+def harvest(layout: Layout, round_index: int) -> list[dict[str, Any]]:
+    """The save timings the previous launch logged (this round's, else the previous round's
+    last launch), as ``save.timed`` event fields: ``{seconds, log, at}``."""
+    rec = read_json(record_path(layout, round_index))
+    if rec is None and round_index > 0:
+        rec = read_json(record_path(layout, round_index - 1))
+    if rec is None or not isinstance(rec.get("log"), str) or not isinstance(rec.get("log_offset"), int):
+        return []
+    try:
+        with open(rec["log"], "rb") as fh:
+            fh.seek(rec["log_offset"])
+            data = fh.read()
+    except OSError:
+        return []
+    return [{"seconds": s, "log": rec["log"], "at": at}
+            for at, s in save_timings(data, base_offset=rec["log_offset"])]
+
+
+def choose_for_launch(cfg: Config, layout: Layout, round_index: int, *, log: Path, now: float,
+                      emit: Callable[..., None]) -> SaveChoice | None:
+    """Before a trainer launch: journal the previous launch's save timings, choose this launch's
+    interval, journal it (``save.interval``) and record it for ``{save_interval}``. In fixed mode
+    nothing is read, written or journaled: ``train.save_interval`` is passed as before."""
+    if cfg.saves.mode != "adaptive":
+        return None
+    fresh = harvest(layout, round_index)
+    for timing in fresh:
+        emit("save.timed", **timing)
+    choice = plan(cfg, layout, round_index, now=now, fresh=[{"event": "save.timed", **t} for t in fresh])
+    try:
+        offset = log.stat().st_size
+    except OSError:
+        offset = 0
+    path = record_path(layout, round_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {**choice.as_event(), "round": round_index, "chosen_at": now,
+                             "log": str(log), "log_offset": offset})
+    emit("save.interval", **choice.as_event())
+    return choice
+
+
+def describe(choice: SaveChoice) -> str:
+    """One line for ``check`` and ``status``."""
+    if choice.mode == "fixed":
+        return f"fixed: --save-interval {choice.interval} (train.save_interval)"
+    inputs = (f"save {choice.save_cost_s:.0f}s {_short(choice.save_cost_source)}, "
+              f"MTBF {choice.mtbf_s / 3600:.3g}h {_short(choice.mtbf_source)}, "
+              f"step {choice.step_s:.0f}s {_short(choice.step_source)}")
+    if choice.mid_round:
+        return f"adaptive: a save every {choice.interval} steps ({inputs})"
+    return f"adaptive: one save per round (--save-interval {choice.interval}), as the seed: {choice.reason} ({inputs})"
+
+
+def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:
+    """After a save lands in TRAIN: delete the round's older saves (retention keeps the newest
+    save of the round plus the finals earlier rounds left; ``checkpoints.keep_while_training``),
+    so mid-round saves cost one checkpoint's room, the one the disk forecast counts.
+
+    Synchronous, as the engine's other deletions: a few large files, and no await between a
+    stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's witness
+    (``ShopsimService.vouch``) looks once a second, so a ShopSim death in the second between a
+    save and that look rolls back past the pruned save, to the round's previous final: more
+    retraining in that rare case, never a wrong checkpoint."""
+    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
+    scan = ckpt.scan(layout.save_dir)
+    doomed, freed = ckpt.retain(scan, ckpt.keep_while_training(scan, m, round_index), save_dir=layout.save_dir,
+                                trainer_running=True)
+    return [c.iteration for c in doomed], freed
+
+
+def _short(source: str) -> str:
+    return "(guess)" if source.startswith("guess") else "(measured)" if source.startswith("measured") else \
+        "(learned)" if " 0 fault" not in source else "(prior)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}GiB"
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None

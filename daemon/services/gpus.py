@@ -1,0 +1,548 @@
+"""GPU hygiene between stages: no GPU stage starts on GPUs an earlier stage left taken.
+
+slime's rollout engines and SGLang's schedulers can outlive their job (upstream stops the
+whole Ray cluster by name around every job, and notes orphaned schedulers; shoprld stops only
+processes it can prove are its own). A trainer or val
+server started next to such a straggler runs out of GPU memory, or worse, shares the GPU
+and runs slowly all night. So before a GPU stage starts (the trainer in TRAIN, the val server
+in VAL or GATE), :func:`ensure_free` looks at the visible GPUs (``gpus.visible``, nvidia-smi's
+indices, the ids the children get as ``CUDA_VISIBLE_DEVICES``) and sorts every compute
+process on them into one of three kinds:
+
+- **live**: ours, and it belongs to a child of this campaign that is running now (a parked
+  val server with ``val.reuse_server``). Left alone, and it does not block.
+- **straggler**: ours, and no live child owns it. Stopped: SIGTERM, ``gpus.straggler_grace``,
+  then SIGKILL, to its whole process group when every member of the group is ours too,
+  otherwise to the pid alone. Never by name.
+- **foreign**: anything else. Never touched; it blocks, and it is named in the failure line.
+
+"Ours" is decided from the kernel's records, never from a name:
+
+- its environment carries ``SHOPRLD_CHILD=<state_dir>|<role>``. Every child the engine starts
+  gets that tag, and its descendants inherit it whatever session or group they move to
+  (torchrun's ranks, SGLang's schedulers, a stage's orphaned grandchildren). The role says
+  which child it came from, and so whether that child is live; or
+- its session is the one of the Ray head this campaign started (``<ray_tmp>/shoprld-head.json``):
+  Ray's workers keep the head's session, but a Ray job's environment carries no tag.
+
+A process whose environment cannot be read (another user's) is foreign. Then the wait:
+until no straggler or foreign process holds a visible GPU, at most ``gpus.free_timeout``
+seconds (the stop's grace counts within it). Journal events: ``gpu.wait`` (what was found),
+``gpu.straggler_stopped`` (one per pid: the signal that ended it), ``gpu.free`` (the wait, in
+seconds). When the GPUs are still taken, the caller gets ONE line naming each pid, its GPU,
+its memory and whose it is, and the stage retries under its policy, then fails (exit 6).
+
+How to look is the :class:`GpuProbe` seam: NVML through the optional ``nvidia-ml-py``
+package (``pip install 'shoprld[gpu]'``, imported as ``pynvml``), else ``nvidia-smi
+--query-compute-apps``, else nothing (no driver: the demo and CI), chosen by ``gpus.probe``.
+Tests use a fake probe, or a stand-in ``nvidia-smi`` program named by ``gpus.nvidia_smi``.
+
+This module imports only the standard library, anyio and :mod:`.processes` at load time, so a
+GPU machine's bare Python can run it (``tests/gpu/hygiene_h200.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import anyio
+import anyio.to_thread
+
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.services.processes import CHILD_TAG, ChildHost, pid_alive, proc_start_ticks
+
+if TYPE_CHECKING:
+    from shoprld.daemon.round.plan import RoundPlan  # the round layer sits above: for typing only
+
+MIB = 1024 * 1024
+_POLL_S = 0.5
+_SMI_TIMEOUT_S = 30.0
+# nvidia-smi's and NVML's ways of saying "no number here".
+_NO_VALUE = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
+_NVML_NOT_AVAILABLE = 2**64 - 1
+
+
+class GpuProbeError(Exception):
+    """The probe exists but failed (a driver error, a broken nvidia-smi)."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One compute process on one GPU, as the driver reports it."""
+
+    pid: int
+    used_bytes: int | None  # None: the driver does not say ([N/A], [Not Supported])
+    gpu: int | None         # the nvidia-smi index; None when the uuid maps to no index
+    uuid: str = ""
+
+
+class GpuProbe(Protocol):
+    """The seam: which compute processes hold GPU memory now."""
+
+    name: str
+
+    def compute_apps(self) -> list[GpuProcess] | None:
+        """Every compute process on every GPU; None when there are no GPUs to check (no
+        driver, no tool). Raises :class:`GpuProbeError` when the tool is there but fails."""
+        ...
+
+
+# -- the probes ---------------------------------------------------------------------------------
+class NoProbe:
+    """No GPUs to check: the demo, CI, ``gpus.probe = "none"``."""
+
+    name = "none"
+
+    def compute_apps(self) -> list[GpuProcess] | None:
+        return None
+
+
+class NvmlProbe:
+    """NVML through ``nvidia-ml-py`` (``import pynvml``); raises ImportError when it is absent."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml  # lazy: optional extra [gpu]; ImportError picks the next probe
+
+        self._nvml: Any = pynvml
+
+    def compute_apps(self) -> list[GpuProcess] | None:
+        nv = self._nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            # No library or no driver loaded: nothing to check here (a CPU box with the package).
+            absent = tuple(getattr(nv, n) for n in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+                           if hasattr(nv, n))
+            if absent and isinstance(exc, absent):
+                return None
+            raise GpuProbeError(f"NVML init: {exc}") from None
+        try:
+            out: list[GpuProcess] = []
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid = nv.nvmlDeviceGetUUID(handle)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = getattr(p, "usedGpuMemory", None)
+                    ok = isinstance(used, int) and 0 <= used < _NVML_NOT_AVAILABLE
+                    out.append(GpuProcess(int(p.pid), used if ok else None, index, uuid))
+            return out
+        except nv.NVMLError as exc:
+            raise GpuProbeError(f"NVML: {exc}") from None
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
+
+class SmiProbe:
+    """``nvidia-smi --query-compute-apps`` (and ``--query-gpu`` for the uuid -> index map)."""
+
+    name = "nvidia-smi"
+
+    def __init__(self, command: str = "nvidia-smi") -> None:
+        self.command = command
+
+    def _query(self, arg: str, *, units: bool) -> str | None:
+        fmt = "--format=csv,noheader" + (",nounits" if units else "")
+        try:
+            r = subprocess.run([self.command, arg, fmt], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S,
+                               check=False)
+        except FileNotFoundError:
+            return None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise GpuProbeError(f"{self.command} {arg}: {exc}") from None
+        if r.returncode != 0:
+            why = (r.stderr or r.stdout).strip().splitlines()
+            raise GpuProbeError(f"{self.command} {arg} exited {r.returncode}: {why[0] if why else 'no output'}")
+        return r.stdout
+
+    def compute_apps(self) -> list[GpuProcess] | None:
+        gpus = self._query("--query-gpu=index,uuid", units=False)
+        if gpus is None:
+            return None
+        apps = self._query("--query-compute-apps=pid,used_memory,gpu_uuid", units=True)
+        if apps is None:
+            return None
+        index = parse_gpu_indices(gpus)
+        return [GpuProcess(pid, used, index.get(uuid), uuid) for pid, used, uuid in parse_compute_apps(apps)]
+
+
+class AutoProbe:
+    """NVML when ``nvidia-ml-py`` is installed and finds a driver, else nvidia-smi, else nothing."""
+
+    def __init__(self, nvidia_smi: str = "nvidia-smi") -> None:
+        chain: list[GpuProbe] = []
+        try:
+            chain.append(NvmlProbe())
+        except ImportError:
+            pass
+        chain.append(SmiProbe(nvidia_smi))
+        self._chain = chain
+        self.name = "auto"
+
+    def compute_apps(self) -> list[GpuProcess] | None:
+        error: GpuProbeError | None = None
+        for probe in self._chain:
+            try:
+                found = probe.compute_apps()
+            except GpuProbeError as exc:
+                error = exc
+                continue
+            if found is not None:
+                self.name = probe.name
+                return found
+        if error is not None:
+            raise error
+        return None
+
+
+def build_probe(kind: str, nvidia_smi: str = "nvidia-smi") -> GpuProbe:
+    """The probe ``gpus.probe`` names."""
+    if kind == "none":
+        return NoProbe()
+    if kind == "nvidia-smi":
+        return SmiProbe(nvidia_smi)
+    if kind == "nvml":
+        try:
+            return NvmlProbe()
+        except ImportError:
+            raise ConfigError("gpus.probe: nvml, but the nvidia-ml-py package is not installed; "
+                              "fix: pip install 'shoprld[gpu]', or set gpus.probe = \"auto\"") from None
+    return AutoProbe(nvidia_smi)
+
+
+# -- nvidia-smi's CSV ---------------------------------------------------------------------------
+def _mib(text: str) -> int | None:
+    t = text.strip()
+    if t.lower() in _NO_VALUE:
+        return None
+    if t.lower().endswith("mib"):  # a query run without nounits
+        t = t[:-3].strip()
+    try:
+        value = float(t)
+    except ValueError:
+        return None
+    if not (0 <= value < 2**43):  # NaN, inf, negative, absurd: no number
+        return None
+    return int(value * MIB)
+
+
+def parse_compute_apps(text: str) -> list[tuple[int, int | None, str]]:
+    """``pid, used_memory (MiB), gpu_uuid`` lines -> (pid, used bytes or None, uuid).
+
+    A line that is not three fields with a positive integer pid and a uuid (nvidia-smi's
+    "No running processes found", a warning, garbage) is skipped; a memory value that is not a
+    number ("[N/A]" under MIG or in containers, "[Not Supported]") is None, and the pid stays.
+    """
+    out: list[tuple[int, int | None, str]] = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3:
+            continue
+        pid_s, mem_s, uuid = fields
+        if not pid_s.isdigit() or not pid_s.isascii() or not uuid or int(pid_s) <= 0 or int(pid_s) >= 2**22:
+            continue
+        out.append((int(pid_s), _mib(mem_s), uuid))
+    return out
+
+
+def parse_gpu_indices(text: str) -> dict[str, int]:
+    """``index, uuid`` lines -> {uuid: index}; other lines are skipped."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[0].isascii() and fields[1]:
+            out[fields[1]] = int(fields[0])
+    return out
+
+
+# -- whose is it --------------------------------------------------------------------------------
+Kind = Literal["live", "straggler", "foreign"]
+
+
+@dataclass(frozen=True)
+class Owners:
+    """How to tell this campaign's processes: its tag prefix, and its Ray head's session."""
+
+    tag_prefix: str        # "<state_dir>|": SHOPRLD_CHILD values of this campaign start with it
+    ray_sid: int | None = None
+
+    @classmethod
+    def of(cls, state_dir: Path | str, ray_sid: int | None = None) -> Owners:
+        return cls(f"{state_dir}|", ray_sid)
+
+    def role_of(self, pid: int) -> str | None:
+        """The child role ``pid`` came from ("ray" for the Ray head's session), or None if not ours."""
+        if pid <= 1 or pid == os.getpid():
+            return None
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            env = b""
+        want = f"{CHILD_TAG}={self.tag_prefix}".encode()
+        for item in env.split(b"\0"):
+            if item.startswith(want):
+                return item[len(want):].decode(errors="replace") or "?"
+        if self.ray_sid is not None and self.ray_sid > 1:
+            try:
+                if os.getsid(pid) == self.ray_sid:
+                    return "ray"
+            except OSError:
+                pass
+        return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process on a visible GPU, and what hygiene makes of it."""
+
+    proc: GpuProcess
+    kind: Kind
+    role: str   # the child role it came from ("" when foreign)
+    comm: str   # /proc/<pid>/comm, for the operator ("?" when not visible here)
+
+    def as_dict(self) -> dict[str, Any]:
+        used = self.proc.used_bytes
+        return {"pid": self.proc.pid, "gpu": self.proc.gpu, "uuid": self.proc.uuid, "comm": self.comm,
+                "used_mib": None if used is None else round(used / MIB), "kind": self.kind, "role": self.role}
+
+    def phrase(self, survived: bool = False) -> str:
+        """``pid 1234 (python, 20.1 GiB, not ours)``."""
+        used = self.proc.used_bytes
+        mem = "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
+        whose = "not ours" if self.kind == "foreign" else f"ours: {self.role}" + (", survived SIGKILL" if survived else "")
+        return f"pid {self.proc.pid} ({self.comm}, {mem}, {whose})"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Owners,
+             is_live: Callable[[str], bool]) -> list[Holder]:
+    """The processes on the visible GPUs (one per pid), each sorted as live, straggler or foreign.
+
+    A process on a GPU with no known index is kept (conservatively: it may be on ours)."""
+    seen: set[int] = set()
+    out: list[Holder] = []
+    for p in procs:
+        if p.pid in seen or (p.gpu is not None and p.gpu not in visible):
+            continue
+        seen.add(p.pid)
+        role = owners.role_of(p.pid)
+        if role is None:
+            kind: Kind = "foreign"
+        elif role != "ray" and is_live(role):
+            kind = "live"
+        else:
+            kind = "straggler"
+        out.append(Holder(p, kind, role or "", _comm(p.pid)))
+    return out
+
+
+# -- stopping what is ours ----------------------------------------------------------------------
+def _group_members(pgid: int) -> list[int]:
+    out: list[int] = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def _targets(pid: int, owners: Owners, is_live: Callable[[str], bool]) -> tuple[str, int]:
+    """("group", pgid) when every member of pid's group is a straggler of ours, else ("pid", pid)."""
+    try:
+        pgid = os.getpgid(pid)
+    except OSError:
+        return "pid", pid
+    if pgid <= 1 or pgid == os.getpgrp():
+        return "pid", pid
+    for member in _group_members(pgid):
+        role = owners.role_of(member)
+        if role is None or (role != "ray" and is_live(role)):
+            return "pid", pid
+    return "group", pgid
+
+
+def _send(target: tuple[str, int], sig: int) -> None:
+    try:
+        if target[0] == "group":
+            os.killpg(target[1], sig)
+        else:
+            os.kill(target[1], sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _target_alive(target: tuple[str, int], pid: int, ticks: int | None) -> bool:
+    if pid_alive(pid, ticks):
+        return True
+    return target[0] == "group" and any(pid_alive(m) for m in _group_members(target[1]))
+
+
+async def stop_stragglers(stragglers: Sequence[Holder], *, owners: Owners, is_live: Callable[[str], bool],
+                          grace: float, emit: Callable[..., None]) -> set[int]:
+    """SIGTERM, ``grace`` seconds, SIGKILL: to each straggler's group when all of it is ours,
+    else to the pid alone. Shielded, so a cancelled caller leaves none half-stopped. Returns
+    the pids still alive after the SIGKILL (a process stuck in the kernel)."""
+    with anyio.CancelScope(shield=True):
+        todo = []
+        for h in stragglers:
+            ticks = proc_start_ticks(h.proc.pid)
+            if ticks is None:
+                continue  # already gone
+            # Decided again here, just before the signal: never on a pid that is no longer ours.
+            if owners.role_of(h.proc.pid) is None:
+                continue
+            todo.append((h, ticks, _targets(h.proc.pid, owners, is_live)))
+        for _, _, target in todo:
+            _send(target, signal.SIGTERM)
+        with anyio.move_on_after(grace):
+            while any(_target_alive(t, h.proc.pid, ticks) for h, ticks, t in todo):
+                await anyio.sleep(0.05)
+        killed = []
+        for h, ticks, target in todo:
+            if _target_alive(target, h.proc.pid, ticks):
+                _send(target, signal.SIGKILL)
+                killed.append(h.proc.pid)
+        with anyio.move_on_after(5.0):
+            while any(pid_alive(h.proc.pid, ticks) for h, ticks, _ in todo):
+                await anyio.sleep(0.05)
+        left = set()
+        for h, ticks, target in todo:
+            alive = pid_alive(h.proc.pid, ticks)
+            if alive:
+                left.add(h.proc.pid)
+            emit("gpu.straggler_stopped", **h.as_dict(), signal="SIGKILL" if h.proc.pid in killed else "SIGTERM",
+                 target=f"{target[0]} {target[1]}", alive=alive)
+        return left
+
+
+# -- the wait -----------------------------------------------------------------------------------
+def failure_line(blocking: Sequence[Holder], *, timeout: float, stage: str, survivors: set[int]) -> str:
+    """ONE line: each pid, its GPU, its memory and whose it is, and the fix."""
+    parts = [f"GPU {h.proc.gpu if h.proc.gpu is not None else h.proc.uuid or '?'} still holds "
+             f"{h.phrase(survived=h.proc.pid in survivors)}" for h in blocking[:4]]
+    if len(blocking) > 4:
+        parts.append(f"and {len(blocking) - 4} more")
+    foreign = any(h.kind == "foreign" for h in blocking)
+    gpus = sorted({str(h.proc.gpu) for h in blocking if h.proc.gpu is not None})
+    fix = ("end it (shoprld never stops a process that is not its own)" if len(blocking) == 1 else
+           "end them (shoprld never stops a process that is not its own)") if foreign else \
+        "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU"
+    where = f", or take GPU {','.join(gpus)} out of gpus.visible" if foreign and gpus else ""
+    return (f"{'; '.join(parts)} after {timeout:.0f} s (gpus.free_timeout), before the {stage} starts; "
+            f"fix: {fix}{where}")
+
+
+async def _look(probe: GpuProbe) -> list[GpuProcess] | None:
+    return await anyio.to_thread.run_sync(probe.compute_apps)
+
+
+async def make_free(probe: GpuProbe, *, visible: Sequence[int], owners: Owners, is_live: Callable[[str], bool],
+                    timeout: float, grace: float, emit: Callable[..., None], monotonic: Callable[[], float],
+                    stage: str) -> str | None:
+    """Wait (at most ``timeout`` s) until no straggler or foreign process holds a visible GPU,
+    stopping the stragglers. None when free (or nothing to check), else the one failure line."""
+    t0 = monotonic()
+    try:
+        found = await _look(probe)
+    except GpuProbeError as exc:
+        # A broken probe must not hold the campaign: say so, and go on as without GPUs.
+        emit("gpu.probe_error", stage=stage, probe=probe.name, error=str(exc))
+        return None
+    if found is None:
+        return None  # no GPUs to check (no driver, no tool): the demo and CI
+    stopped: set[int] = set()
+    survivors: set[int] = set()
+    announced = False
+    blocking: list[Holder] = []
+    with anyio.move_on_after(timeout):
+        while True:
+            holders = classify(found or [], visible=visible, owners=owners, is_live=is_live)
+            blocking = [h for h in holders if h.kind != "live"]
+            if not blocking:
+                emit("gpu.free", stage=stage, probe=probe.name, waited_s=round(monotonic() - t0, 3),
+                     kept=[h.as_dict() for h in holders])
+                return None
+            if not announced:
+                announced = True
+                emit("gpu.wait", stage=stage, probe=probe.name, timeout_s=timeout,
+                     holders=[h.as_dict() for h in holders])
+            new = [h for h in blocking if h.kind == "straggler" and h.proc.pid not in stopped]
+            if new:
+                stopped.update(h.proc.pid for h in new)
+                survivors |= await stop_stragglers(new, owners=owners, is_live=is_live, grace=grace, emit=emit)
+            else:
+                await anyio.sleep(_POLL_S)
+            try:
+                found = await _look(probe)
+            except GpuProbeError as exc:
+                emit("gpu.probe_error", stage=stage, probe=probe.name, error=str(exc))
+                return None
+    # The deadline: one last look (the driver frees a killed process's memory a little late).
+    try:
+        found = await _look(probe)
+    except GpuProbeError:
+        found = None
+    if found is not None:
+        holders = classify(found, visible=visible, owners=owners, is_live=is_live)
+        blocking = [h for h in holders if h.kind != "live"]
+        if not blocking:
+            emit("gpu.free", stage=stage, probe=probe.name, waited_s=round(monotonic() - t0, 3),
+                 kept=[h.as_dict() for h in holders])
+            return None
+    return failure_line(blocking, timeout=timeout, stage=stage, survivors=survivors)
+
+
+def ray_head_sid(ray_tmp: Path) -> int | None:
+    """The session of the Ray head this campaign started, while that head (or its orphans) may
+    hold it: its leader alive with the recorded start time, or gone. A reused pid is not ours."""
+    try:
+        rec = json.loads((ray_tmp / "shoprld-head.json").read_text())  # raylauncher._HEAD_RECORD
+        pid, sid = int(rec.get("pid", 0)), int(rec.get("sid", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if pid > 1 and sid == pid and (pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid)):
+        return sid
+    return None
+
+
+async def ensure_free(plan: RoundPlan, host: ChildHost, stage: str, probe: GpuProbe | None = None) -> str | None:
+    """The hook a GPU stage calls just before it starts its GPU process: None when the visible
+    GPUs hold nothing of an earlier stage (stragglers of ours are stopped), else ONE line."""
+    g = plan.cfg.gpus
+    owners = Owners.of(plan.layout.state_dir, ray_head_sid(plan.layout.ray_tmp))
+
+    def is_live(role: str) -> bool:
+        child = host.find_child(role)
+        return child is not None and child.alive()
+
+    return await make_free(probe or build_probe(g.probe, g.nvidia_smi), visible=g.visible, owners=owners,
+                           is_live=is_live, timeout=g.free_timeout, grace=g.straggler_grace, emit=host.emit,
+                           monotonic=host.clock.monotonic, stage=stage)
+
+
+__all__ = [
+    "AutoProbe", "GpuProbe", "GpuProbeError", "GpuProcess", "Holder", "NoProbe", "NvmlProbe", "Owners", "SmiProbe",
+    "build_probe", "classify", "ensure_free", "failure_line", "make_free", "parse_compute_apps",
+    "parse_gpu_indices", "ray_head_sid", "stop_stragglers",
+]

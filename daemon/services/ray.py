@@ -1,0 +1,667 @@
+"""TRAIN as a Ray job, through the Ray Jobs REST API (httpx), behind the Launcher seam.
+
+Theory of operation
+-------------------
+slime launches itself as a Ray job (``ray job submit -- python3 train.py ...``). A Ray job
+outlives the process that submitted it, which is what an unattended campaign wants: a
+daemon crash does not kill an overnight run. So role ``trainer`` is not a local child here
+but a job, and every other role is a local process (the inner :class:`LocalLauncher`)::
+
+    start("trainer") -> ensure the head (when train.ray_start_head)
+                     -> list this campaign's jobs (GET /api/jobs/)
+                        - another round's job still live: stop it (one trainer per save dir)
+                        - this round's job PENDING/RUNNING: re-attach to it, so a crash
+                          between the submit and the persisted record cannot duplicate it
+                        - else POST /api/jobs/ as shoprld-<campaign>-<experiment>-<round>-<n>
+    wait()           -> poll GET /api/jobs/{id}; append each GET .../logs increment to the
+                        stage log (TRAIN's ``rollout (\\d+)`` progress regex keeps working);
+                        0 for SUCCEEDED, 1 for FAILED or STOPPED
+    stop(grace)      -> POST /api/jobs/{id}/stop (Ray: SIGTERM to the entrypoint's group,
+                        then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S), poll until terminal
+    adopt(record)    -> record.job_id PENDING/RUNNING: re-attached; finished while the daemon
+                        was down: None (TRAIN then judges by the checkpoints on disk)
+
+The submission id is deterministic: ``n`` is one more than the highest ``n`` Ray already
+knows for this campaign and round, so it is re-derived from Ray itself after a crash.
+
+Records: a job's :class:`ChildRecord` has ``pid = pgid = 0`` (no local process stands for
+it) and ``job_id`` = the submission id. :class:`RayJobChild` overrides every method that
+would signal a process group, so pgid 0 (which ``os.killpg`` reads as "my own group") is
+never signalled. The engine must keep a record whose ``job_id`` is set even though its pid
+is not alive (see the lead's diff for ``Engine._load``); without it, :meth:`start`'s re-attach
+still prevents a second job.
+
+Secrets: Ray runs the entrypoint through a shell, so every argv element is ``shlex.quote``d
+and the secrets go ONLY into ``runtime_env.env_vars``. A secret value found in the
+entrypoint is refused before anything is submitted. Ray's API returns ``runtime_env`` in
+clear to non-browser clients, so the dashboard must stay on loopback (the recipe's head
+binds 127.0.0.1; the seed's bound 0.0.0.0).
+
+Logs: the job's whole log is fetched per poll (the REST API has no offset; its tail is a
+websocket), so the log poll backs off with the log's size. The number of characters already
+copied is kept beside the stage log (``.<log>.<job>.offset``), so a re-attach after a daemon
+crash appends only what is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from shoprld.daemon.foundation.condaenv import activation_argv
+from shoprld.daemon.foundation.config import Config, expand
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
+from shoprld.daemon.round.plan import RoundValues
+from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS
+from shoprld.daemon.foundation.store import atomic_write_json
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+LIVE = frozenset({"PENDING", "RUNNING"})
+RAY_ROLES = ("trainer",)
+# Environment entries that never go to a job: the engine's local-process tag (the job is
+# Ray's, not a local stray), and CUDA_VISIBLE_DEVICES, which Ray assigns per GPU actor from
+# the head's own view (restrict the GPUs on the head: the head command's environment).
+_NOT_FOR_JOBS = ("SHOPRLD_CHILD", "CUDA_VISIBLE_DEVICES")
+_HEAD_RECORD = "shoprld-head.json"
+# Ray puts sockets at <RAY_TMPDIR>/ray/session_<date>_<pid>/sockets/plasma_store, and
+# AF_UNIX paths stop at 107 bytes; that suffix takes about 66.
+_RAY_SOCKET_SUFFIX = 70
+_AF_UNIX_MAX = 107
+
+
+class RayJobsError(ConnectionError):
+    """The Ray Jobs API refused a request or cannot be reached.
+
+    A ConnectionError (an OSError) on purpose: the engine retries a stage that raises one,
+    with backoff, where a ShoprldError would end the daemon; a dashboard that restarts
+    must not end a campaign whose job runs on.
+    """
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# -- the REST client ---------------------------------------------------------------------
+class RayJobsClient:
+    """The four Jobs endpoints shoprld uses, plus the list. ``address`` is the dashboard URL."""
+
+    def __init__(self, address: str, *, transport: httpx.AsyncBaseTransport | None = None,
+                 sync_transport: httpx.BaseTransport | None = None, timeout: float = 30.0) -> None:
+        # 30 s: a dashboard busy starting a head (or a job's runtime env) answers slowly.
+        self.address = address.rstrip("/")
+        self._transport, self._sync_transport, self._timeout = transport, sync_transport, timeout
+        self._http: httpx.AsyncClient | None = None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None or self._http.is_closed:
+            # trust_env=False: a proxy from the environment must never see loopback traffic.
+            self._http = httpx.AsyncClient(base_url=self.address, transport=self._transport, trust_env=False,
+                                           timeout=self._timeout)
+        return self._http
+
+    def _sync(self) -> httpx.Client:
+        return httpx.Client(base_url=self.address, transport=self._sync_transport, trust_env=False,
+                            timeout=min(self._timeout, 5.0))
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._client().request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise RayJobsError(f"Ray Jobs API at {self.address} unreachable ({type(exc).__name__}: {exc}); "
+                               "fix: start the head (train.ray_start_head = true) or check train.ray_address") from None
+
+    async def reachable(self) -> bool:
+        try:
+            r = await self._client().get("/api/version", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def submit(self, entrypoint: str, *, submission_id: str, env_vars: Mapping[str, str],
+                     metadata: Mapping[str, str] | None = None) -> str:
+        body = {"entrypoint": entrypoint, "submission_id": submission_id,
+                "runtime_env": {"env_vars": dict(env_vars)}, "metadata": dict(metadata or {})}
+        r = await self._request("POST", "/api/jobs/", json=body)
+        if r.status_code == 200:
+            return str(r.json().get("submission_id") or submission_id)
+        text = r.text
+        if "already exists" in text:
+            raise JobExists(submission_id)
+        if r.status_code == 500 and "No available agent" in text:
+            raise NoAgent(f"Ray's job agent is not up yet at {self.address}")
+        raise RayJobsError(f"Ray refused job {submission_id} (HTTP {r.status_code}): {_last_line(text)}")
+
+    async def info(self, job_id: str) -> dict[str, Any] | None:
+        """The job's details, or None when Ray does not know it."""
+        r = await self._request("GET", f"/api/jobs/{job_id}")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RayJobsError(f"GET /api/jobs/{job_id}: HTTP {r.status_code}: {_last_line(r.text)}")
+        data = r.json()
+        return data if isinstance(data, dict) else None
+
+    async def list(self) -> list[dict[str, Any]]:
+        r = await self._request("GET", "/api/jobs/")
+        if r.status_code != 200:
+            raise RayJobsError(f"GET /api/jobs/: HTTP {r.status_code}: {_last_line(r.text)}")
+        data = r.json()
+        return [j for j in data if isinstance(j, dict)] if isinstance(data, list) else []
+
+    async def logs(self, job_id: str) -> str:
+        r = await self._request("GET", f"/api/jobs/{job_id}/logs")
+        if r.status_code != 200:
+            raise RayJobsError(f"GET /api/jobs/{job_id}/logs: HTTP {r.status_code}")
+        return str(r.json().get("logs", ""))
+
+    async def stop(self, job_id: str) -> bool:
+        r = await self._request("POST", f"/api/jobs/{job_id}/stop")
+        return r.status_code == 200 and bool(r.json().get("stopped"))
+
+    def info_sync(self, job_id: str) -> dict[str, Any] | None:
+        """Blocking GET (for the synchronous ``adopt`` of the Launcher protocol)."""
+        try:
+            with self._sync() as c:
+                r = c.get(f"/api/jobs/{job_id}")
+        except httpx.HTTPError as exc:
+            raise RayJobsError(f"Ray Jobs API at {self.address} unreachable ({exc})") from None
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RayJobsError(f"GET /api/jobs/{job_id}: HTTP {r.status_code}")
+        data = r.json()
+        return data if isinstance(data, dict) else None
+
+    def stop_sync(self, job_id: str) -> None:
+        """Blocking stop request (for ``signal_group``, which must not await)."""
+        try:
+            with self._sync() as c:
+                c.post(f"/api/jobs/{job_id}/stop")
+        except httpx.HTTPError:
+            pass
+
+
+class JobExists(RayJobsError):
+    """POST /api/jobs/ with a submission id Ray already holds."""
+
+    def __init__(self, submission_id: str) -> None:
+        super().__init__(f"Ray already holds job {submission_id}")
+        self.submission_id = submission_id
+
+
+class NoAgent(RayJobsError):
+    """A head that has just started answers before its job agent can take a submission."""
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(empty)"
+
+
+# -- one job, as a Child --------------------------------------------------------------------
+class RayJobChild(Child):
+    """A Ray job standing in for a local child: same surface, no process group."""
+
+    def __init__(self, record: ChildRecord, client: RayJobsClient, *, status: str = "PENDING",
+                 poll: float = 1.0, unreachable_timeout: float = 300.0) -> None:
+        super().__init__(record, None)
+        self.client = client
+        self.status = status
+        self.message = ""
+        self._poll = poll
+        self._unreachable_timeout = unreachable_timeout
+        self._lock = anyio.Lock()
+        self._log = Path(record.log) if record.log else None
+        self._offset_file = (self._log.with_name(f".{self._log.name}.{record.job_id}.offset")
+                             if self._log else None)
+        self._copied = _read_offset(self._offset_file)
+        self._log_due = 0.0
+        self._log_size = 0
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    def alive(self) -> bool:
+        return self.returncode is None and self.status not in TERMINAL
+
+    def _finish(self, status: str) -> int:
+        self.status = status
+        self.returncode = 0 if status == "SUCCEEDED" else 1
+        return self.returncode
+
+    async def refresh(self) -> str:
+        info = await self.client.info(self.job_id)
+        if info is None:  # deleted behind our back: nothing runs any more
+            self.message = "Ray no longer knows this job"
+            self._finish("STOPPED")
+            return self.status
+        self.status = str(info.get("status", "PENDING"))
+        self.message = str(info.get("message") or "")
+        if self.status in TERMINAL:
+            self._finish(self.status)
+        return self.status
+
+    async def pull_logs(self, *, force: bool = False) -> int:
+        """Append what the job logged since the last pull to the stage log; bytes written."""
+        if self._log is None:
+            return 0
+        now = time.monotonic()
+        if not force and now < self._log_due:
+            return 0
+        async with self._lock:
+            text = await self.client.logs(self.job_id)
+            # The whole log comes back each time: back off with its size (1 s per 4 MiB, at most 30 s).
+            self._log_size = len(text)
+            self._log_due = time.monotonic() + min(30.0, max(self._poll, len(text) / (4 << 20)))
+            if len(text) < self._copied:  # a log that shrank is not ours to reconcile: restart the copy
+                self._copied = 0
+            new = text[self._copied:]
+            if not new:
+                return 0
+            data = new.encode("utf-8", errors="replace")
+            fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            self._copied = len(text)
+            _write_offset(self._offset_file, self._copied)
+            return len(data)
+
+    async def wait(self, poll: float | None = None) -> int | None:
+        """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED."""
+        interval = self._poll if poll is None else max(poll, 0.05)
+        unreachable_since: float | None = None
+        while self.alive():
+            try:
+                await self.refresh()
+                await self.pull_logs()
+                unreachable_since = None
+            except RayJobsError as exc:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > self._unreachable_timeout:
+                    self._note(f"lost the Ray Jobs API for {self._unreachable_timeout:.0f}s ({exc}); "
+                               "treating the job as failed")
+                    self.message = str(exc)
+                    return self._finish("FAILED")
+            if self.alive():
+                await anyio.sleep(interval)
+        try:
+            await self.pull_logs(force=True)
+        except RayJobsError:
+            pass
+        return self.returncode
+
+    async def stop(self, grace: float = 10.0) -> int | None:
+        """POST stop, then wait for a terminal status; shielded, like a local child's stop."""
+        with anyio.CancelScope(shield=True):
+            if not self.alive():
+                return self.returncode
+            self._note(f"stopping ray job {self.job_id}")
+            for budget in (max(grace, 1.0) + 5.0, 30.0):  # Ray escalates to SIGKILL itself after ~3 s
+                try:
+                    await self.client.stop(self.job_id)
+                except RayJobsError:
+                    pass
+                with anyio.move_on_after(budget):
+                    while self.alive():
+                        try:
+                            await self.refresh()
+                        except RayJobsError:
+                            pass
+                        if self.alive():
+                            await anyio.sleep(0.2)
+                if not self.alive():
+                    break
+            try:
+                await self.pull_logs(force=True)
+            except RayJobsError:
+                pass
+        return self.returncode
+
+    def signal_group(self, sig: int) -> None:
+        """A signal means stop: the job's processes are Ray's to signal, not ours."""
+        if sig and self.alive() and sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+            self.client.stop_sync(self.job_id)
+
+    def _note(self, line: str) -> None:
+        if self._log is None:
+            return
+        try:
+            with open(self._log, "a", encoding="utf-8") as fh:
+                fh.write(f"=== shoprld {_now()} {line}\n")
+        except OSError:
+            pass
+
+
+def _read_offset(path: Path | None) -> int:
+    if path is None:
+        return 0
+    try:
+        return max(0, int(json.loads(path.read_text()).get("chars", 0)))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _write_offset(path: Path | None, chars: int) -> None:
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps({"chars": chars}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+# -- the launcher -----------------------------------------------------------------------------
+def entrypoint_of(argv: Sequence[str], cwd: Path | None) -> str:
+    """Ray's entrypoint (a shell string): every element quoted; ``cd`` first, as the seed does."""
+    cmd = "exec " + shlex.join(list(argv))
+    return f"cd {shlex.quote(str(cwd))} && {cmd}" if cwd else cmd
+
+
+def secret_names(cfg: Config) -> set[str]:
+    """Every env name that holds a secret for the trainer job."""
+    return set(KNOWN_SECRET_KEYS) | set(cfg.train.secrets) | set(cfg.secrets.required)
+
+
+def job_env(cfg: Config, layout: Layout, env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
+    """The job's ``runtime_env.env_vars``: the etiquette's variables, ``train.env``, the
+    trainer's secrets (from ``env``), then ``train.runtime_env`` expanded for the round.
+
+    Not the daemon's whole environment: PATH or HOME of the daemon mean nothing on the
+    node that runs the job.
+    """
+    keys = set(layout.child_env(cfg, base={})) | set(cfg.train.env) | secret_names(cfg)
+    if cfg.wandb.enabled:
+        keys |= set(cfg.wandb.pass_env)  # when set (upstream: WANDB_* "when set")
+    out = {k: env[k] for k in sorted(keys) if k in env and k not in _NOT_FOR_JOBS}
+    out.update({k: v.format_map(dict(values)) for k, v in cfg.train.runtime_env.items()})
+    return out
+
+
+def ray_tmpdir_path(layout: Layout) -> Path:
+    """RAY_TMPDIR for a head we start: the experiment's ray dir, or a short symlink to it in
+    /tmp when the real path would push Ray's socket paths past AF_UNIX's 107 bytes."""
+    target = layout.ray_tmp
+    if len(str(target)) + _RAY_SOCKET_SUFFIX <= _AF_UNIX_MAX:
+        return target
+    return Path("/tmp") / f"shoprld-ray-{hashlib.sha1(str(target).encode()).hexdigest()[:10]}"
+
+
+def ray_tmpdir(layout: Layout) -> Path:
+    """:func:`ray_tmpdir_path`, created (the dir, and the symlink when one is needed)."""
+    target = layout.ray_tmp
+    target.mkdir(parents=True, exist_ok=True)
+    link = ray_tmpdir_path(layout)
+    if link == target:
+        return target
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    if link.is_symlink() or link.exists():
+        raise ConfigError(f"{link}: exists and does not point to {target}; fix: remove it (it is shoprld's "
+                          "short RAY_TMPDIR link) and rerun")
+    link.symlink_to(target, target_is_directory=True)
+    return link
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every pid whose session id is ``sid`` (a Ray head started with start_new_session)."""
+    out: list[int] = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+async def stop_session(sid: int, grace: float = 10.0) -> None:
+    """SIGTERM every pid of session ``sid``, wait ``grace``, SIGKILL the rest; never by name.
+
+    Ray's workers get process groups of their own but keep the head's session, so the
+    session is the one handle on all of them (Ray's own stop command would kill EVERY Ray on the box).
+    """
+    if sid <= 1 or sid == os.getsid(0):
+        raise ValueError(f"refusing to signal session {sid} (init's, or shoprld's own)")
+    with anyio.CancelScope(shield=True):
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            pids = session_pids(sid)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            with anyio.move_on_after(wait):
+                while session_pids(sid):
+                    await anyio.sleep(0.1)
+
+
+class RayLauncher:
+    """The trainer as a Ray job; every other role through ``inner`` (local processes)."""
+
+    def __init__(self, cfg: Config, layout: Layout, *, inner: Launcher | None = None,
+                 client: RayJobsClient | None = None, poll: float = 1.0, head_timeout: float = 180.0,
+                 unreachable_timeout: float = 300.0, roles: Sequence[str] = RAY_ROLES) -> None:
+        self.cfg, self.layout = cfg, layout
+        self.inner: Launcher = inner or LocalLauncher()
+        self.client = client or RayJobsClient(cfg.train.ray_address)
+        self.poll, self.head_timeout, self.unreachable_timeout = poll, head_timeout, unreachable_timeout
+        self.roles = tuple(roles)
+        self.head: Child | None = None
+
+    # -- naming -------------------------------------------------------------------------------
+    @property
+    def prefix(self) -> str:
+        return f"shoprld-{self.cfg.campaign.name}-{self.cfg.campaign.experiment}-"
+
+    def submission_id(self, round_id: str, n: int) -> str:
+        return f"{self.prefix}{round_id}-{n}"
+
+    def _parse(self, sid: str | None) -> tuple[str, int] | None:
+        if not sid or not sid.startswith(self.prefix):
+            return None
+        rid, _, n = sid[len(self.prefix):].rpartition("-")
+        return (rid, int(n)) if rid and n.isdigit() else None
+
+    # -- Launcher protocol ----------------------------------------------------------------------
+    async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
+                    log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child:
+        """A Ray role becomes this round's job (``round``: the round and its values, resolved
+        once by the caller); every other role goes to ``inner``."""
+        if role not in self.roles:
+            return await self.inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv,
+                                          round=round)
+        if round is None:
+            raise ValueError(f"RayLauncher.start({role!r}) needs the round (round=RoundValues): a job is named "
+                             "after its round and its runtime env is expanded with the round's values")
+        values, round_id = round.values, round.round_id
+        entrypoint = entrypoint_of(argv, cwd)
+        env_vars = job_env(self.cfg, self.layout, env, values)
+        for name in sorted(secret_names(self.cfg)):
+            value = env.get(name) or env_vars.get(name)
+            if value and len(value) >= 4 and value in entrypoint:
+                raise ConfigError(f"train.command: the value of {name} would appear in the Ray entrypoint; "
+                                  "fix: pass it through the environment (train.secrets), never argv")
+        shown = entrypoint_of(redacted_argv, cwd)
+        if self.cfg.train.ray_start_head:
+            await self.ensure_head(values)
+        log.parent.mkdir(parents=True, exist_ok=True)
+
+        ours: list[tuple[str, int, dict[str, Any]]] = []
+        for j in await self.client.list():
+            parsed = self._parse(j.get("submission_id"))
+            if parsed is not None:
+                ours.append((parsed[0], parsed[1], j))
+        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
+                      key=lambda t: t[0])
+        keep = live[-1][1] if live else None
+        for rid, _, j in ours:  # one trainer per save dir: any other live job of ours goes first
+            if j.get("status") in LIVE and j is not keep:
+                other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
+                await other.stop(self.cfg.train.grace)
+        if keep is not None:
+            sid = str(keep["submission_id"])
+            child = self._child(sid, role, log, list(redacted_argv), str(keep.get("status")))
+            child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
+            if str(keep.get("entrypoint", "")) != entrypoint:
+                child._note("note: the live job's entrypoint differs from the recipe's; it keeps running as "
+                            "submitted (stop the campaign to pick up the change)")
+            self._note_job(round_id, sid)
+            return child
+        n = 1 + max((n for rid, n, _ in ours if rid == round_id), default=0)
+        sid = self.submission_id(round_id, n)
+        _append(log, f"=== shoprld {_now()} start {role}: ray job {sid} at {self.client.address}: {shown}\n"
+                     f"=== shoprld runtime_env.env_vars: {', '.join(sorted(env_vars))}\n")
+        metadata = {"shoprld_campaign": self.cfg.campaign.name, "shoprld_experiment": self.cfg.campaign.experiment,
+                    "shoprld_round": round_id, "shoprld_role": role}
+        deadline = time.monotonic() + self.head_timeout
+        while True:
+            try:
+                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata)
+                break
+            except JobExists:
+                break  # submitted by us an instant ago (a retried request): attach to it
+            except NoAgent:
+                if time.monotonic() > deadline:
+                    raise
+                await anyio.sleep(1.0)
+        info = await self.client.info(sid)
+        child = self._child(sid, role, log, list(redacted_argv), str((info or {}).get("status", "PENDING")))
+        self._note_job(round_id, sid)
+        return child
+
+    def adopt(self, record: ChildRecord) -> Child | None:
+        if not record.job_id:
+            return self.inner.adopt(record)
+        try:
+            info = self.client.info_sync(record.job_id)
+        except RayJobsError:
+            return None
+        if info is None or info.get("status") not in LIVE:
+            return None
+        return RayJobChild(record, self.client, status=str(info["status"]), poll=self.poll,
+                           unreachable_timeout=self.unreachable_timeout)
+
+    def _child(self, sid: str, role: str, log: Path, argv: list[str], status: str) -> RayJobChild:
+        record = ChildRecord(role=role, pid=0, pgid=0, start_ticks=None, started_at=time.time(), log=str(log),
+                             argv=argv, job_id=sid)
+        return RayJobChild(record, self.client, status=status, poll=self.poll,
+                           unreachable_timeout=self.unreachable_timeout)
+
+    def _note_job(self, round_id: str, sid: str) -> None:
+        """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""
+        path = self.layout.artifacts / "round" / f"{round_id}.json"
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict) or data.get("job_id") == sid:
+            return
+        data["job_id"] = sid
+        data["ray_jobs"] = sorted(set(data.get("ray_jobs", [])) | {sid})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, data)
+
+    # -- the head -------------------------------------------------------------------------------
+    async def ensure_head(self, values: Mapping[str, str]) -> None:
+        """Make sure a head answers at ``train.ray_address``; start ``train.ray_head_command``
+        (in its own session, RAY_TMPDIR in the experiment dir) when none does."""
+        if await self.client.reachable():
+            return
+        if not self.cfg.train.ray_head_command:
+            raise ConfigError(f"{self.cfg.source}: train.ray_head_command: empty, and no Ray head answers at "
+                              f"{self.cfg.train.ray_address}; fix: give the `ray start --head --block ...` argv")
+        argv = expand(list(self.cfg.train.ray_head_command), dict(values))
+        if self.cfg.train.conda_prefix is not None:
+            argv = activation_argv(self.cfg.train.conda_prefix, argv)
+        env = self.layout.child_env(self.cfg)
+        env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
+        log = self.layout.logs / "ray-head.log"
+        head = await self.inner.start("ray_head", argv, env=env, cwd=self.layout.project_root, log=log,
+                                      redacted_argv=argv)
+        self.head = head
+        rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,
+               "address": self.cfg.train.ray_address, "started_at": time.time()}
+        atomic_write_json(self.layout.ray_tmp / _HEAD_RECORD, rec)
+        deadline = time.monotonic() + self.head_timeout
+        while time.monotonic() < deadline:
+            if await self.client.reachable():
+                return
+            if not head.alive():
+                raise RayJobsError(f"the Ray head exited during start-up; see {log}")
+            await anyio.sleep(0.5)
+        await self.stop_head()
+        raise RayJobsError(f"the Ray head did not answer at {self.cfg.train.ray_address} within "
+                           f"{self.head_timeout:.0f}s; see {log}")
+
+    async def stop_head(self, grace: float = 10.0) -> bool:
+        """Stop the head this campaign started (by its recorded session); False if none."""
+        path = self.layout.ray_tmp / _HEAD_RECORD
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        pid, sid = int(rec.get("pid", 0)), int(rec.get("sid", 0))
+        # The leader alive with its recorded start time, or gone (then what keeps its
+        # session id are its own orphans); a live pid with another start time was reused.
+        ours = pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid)
+        if pid > 1 and sid == pid and ours:
+            await stop_session(sid, grace)
+        if self.head is not None:
+            await self.head.wait()  # reap it (it was our child)
+            self.head = None
+        path.unlink(missing_ok=True)
+        return True
+
+    async def aclose(self) -> None:
+        """At daemon exit: stop the head we started, and close the HTTP client."""
+        try:
+            await self.stop_head()
+        finally:
+            await self.client.aclose()
+
+
+def _append(log: Path, text: str) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def build_launcher(cfg: Config, layout: Layout) -> Launcher:
+    """The launcher ``train.launcher`` names: local processes, or the trainer as a Ray job."""
+    if cfg.train.launcher == "ray":
+        return RayLauncher(cfg, layout)
+    return LocalLauncher()
+
+
+__all__ = [
+    "LIVE", "TERMINAL", "JobExists", "NoAgent", "RayJobChild", "RayJobsClient", "RayJobsError", "RayLauncher",
+    "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir", "ray_tmpdir_path", "session_pids", "stop_session",
+]

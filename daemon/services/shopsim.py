@@ -1,0 +1,417 @@
+"""ShopSim, the long-lived service every ShopSim client of a campaign talks to (the val
+server, the other one, is in valserver.py).
+
+ShopSim is started once, adopted when it already answers ``ready`` (never started twice),
+and supervised for the whole campaign: when it dies it is restarted with backoff, and the
+event is logged. The supervisor also reads ``/healthz`` at a bounded interval, so ``status``
+shows the live ``free_slots`` and ``environment_slots``. No stage starts a ShopSim client (the
+trainer, the sidecar, val, analyze, the gate) before :meth:`ShopsimService.wait_ready` has seen
+it answer ``ready`` (the real service refuses connections until every slot is built).
+
+Its leases never expire, so after a client crash slots stay taken and the next ``reset``
+would block forever; :meth:`ShopsimService.recover_leaks` notices (``free_slots`` short while
+none of the campaign's clients runs) and sends ``release_all``. A reset whose client gave up
+stays queued on the server (a ghost waiter) and takes a slot at that ``release_all``; a second
+one frees it. If slots are still short, ShopSim is restarted when it is ours; an adopted one
+fails the campaign with a line that says what to do.
+
+The real ``start.sh`` ``cd``s into its checkout and the service appends every request to
+``shop_agent.log`` there: like ``runs/``, that name is made a symlink into ``$EXP_DIR/logs``.
+
+ShopSim also vouches for checkpoints. A rollout that ran while ShopSim was dead scores only
+some of its groups, and the trainer (like slime, which aborts only after 8 unscored groups in
+a row) may save that step before anyone notices. So while our ShopSim child is alive, the
+newest checkpoint the tracker names is recorded in ``<state_dir>/shopsim.witness`` (read
+before the liveness check: it was trained against this live process). A death found by the
+supervisor or at start-up marks an outage there, which freezes the witness. The outage is
+settled where no stage can be using the checkpoints: at start-up, before a trainer starts,
+and when TRAIN ends (which checks ShopSim once more, so no round leaves TRAIN on an
+unwitnessed checkpoint). Settling deletes the checkpoints saved after the witnessed one and
+points the tracker back, so TRAIN retrains them against a live ShopSim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import httpx
+
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.config import ProcessSpec
+from shoprld.daemon.foundation.errors import StageFailed
+from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
+from shoprld.daemon.foundation.retry import Backoff
+from shoprld.daemon.round.plan import RoundPlan, host_port, read_json
+from shoprld.daemon.foundation.store import replace_json
+
+
+class ServiceHost(ChildHost, Protocol):
+    """What the services use of the daemon, besides the round's plan: the clock, events and
+    children (:class:`ChildHost`), the HTTP client, and a launch for a round."""
+
+    @property
+    def http(self) -> httpx.AsyncClient: ...
+
+    async def spawn(self, plan: RoundPlan, role: str, template: Sequence[str], spec: ProcessSpec, *,
+                    state: str, extra_env: Mapping[str, str] | None = None) -> Child: ...
+
+
+class PlannedHost(ServiceHost, Protocol):
+    """A host that knows the campaign's current round: what the ShopSim supervisor polls."""
+
+    @property
+    def plan(self) -> RoundPlan: ...
+
+
+async def get_json(http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> tuple[int, Any]:
+    """(status, parsed JSON or None); (0, None) when nothing answers."""
+    try:
+        r = await http.get(url, timeout=timeout)
+    except (httpx.HTTPError, OSError):
+        return 0, None
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, None
+
+
+# The campaign's ShopSim clients: while one runs, leased slots are legitimate.
+CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
+# The supervisor's /healthz refresh (status shows free_slots and environment_slots).
+HEALTH_INTERVAL = 5.0
+# A "ready" answer this recent (s) is not asked again (wait_ready right after recover_leaks).
+FRESH_READY_S = 0.5
+SHOPSIM_BACKOFF_CAP_S = 30.0  # ShopSim restarts wait at most this long (stages: retry.STAGE_BACKOFF_CAP_S)
+# How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
+# (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
+def _supervise_interval() -> float:
+    try:
+        return max(0.05, float(os.environ.get("SHOPRLD_TEST_SUPERVISE_INTERVAL") or 1.0))
+    except ValueError:
+        return 1.0
+
+
+SUPERVISE_INTERVAL = _supervise_interval()
+# The file the real service appends every request to, in its cwd (start.sh cds into shop_env).
+SERVICE_LOG = "shop_agent.log"
+
+
+class ShopsimService:
+    """Start or adopt ShopSim, wait for ready, supervise, recover leaked leases."""
+
+    def __init__(self, witness: Path | None = None) -> None:
+        self.child: Child | None = None
+        self.healthy: bool | None = None
+        self.free_slots: int | None = None
+        self.environment_slots: int | None = None  # as the service reports it
+        self.checked_at: float | None = None
+        self.restarts = 0  # this service's count for the one backoff rule (daemon/foundation/retry.py)
+        self.external = False  # healthy before we started anything: not ours to stop
+        self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
+        self.witness = witness
+        self._witnessed: object = object()  # the last iteration written (a sentinel at first)
+        # ShopSim died since the witness was written (maybe under a previous daemon): freeze it.
+        self._outage = bool((_read_witness(witness) or {}).get("outage"))
+        # One start or restart at a time: the supervisor and a stage may both want one.
+        self._lock = anyio.Lock()
+        self._ready_seen: float | None = None  # time.monotonic() of the last "ready" answer
+
+    async def health(self, plan: RoundPlan, host: ServiceHost) -> dict[str, Any] | None:
+        cfg = plan.cfg.shopsim
+        status, body = await get_json(host.http, cfg.url.rstrip("/") + cfg.health_path)
+        result = body.get("result", body) if isinstance(body, dict) else None
+        ok = status == 200 and isinstance(result, dict) and bool(result.get("ready"))
+        self.healthy, self.checked_at = ok, host.clock.time()
+        self._ready_seen = time.monotonic() if ok else None
+        self.free_slots = _int(result.get("free_slots")) if ok else None
+        self.environment_slots = _int(result.get("environment_slots")) if ok else self.environment_slots
+        return result if ok else None
+
+    async def release_all(self, plan: RoundPlan, host: ServiceHost) -> bool:
+        """``POST /api/shop_agent {"action": "release_all"}``: every slot free, every lease stale.
+        True when the service answered 200."""
+        url = plan.cfg.shopsim.url.rstrip("/") + "/api/shop_agent"
+        try:
+            r = await host.http.post(url, json={"action": "release_all"}, timeout=10.0)
+        except (httpx.HTTPError, OSError):
+            return False
+        return r.status_code == 200
+
+    async def wait_ready(self, plan: RoundPlan, host: ServiceHost, *, before: str) -> str | None:
+        """A bounded wait (``shopsim.start_timeout``) until ShopSim answers ``ready``; called
+        before every trainer, val and gate start, so no stage runs against a dead or restarting
+        service. A ShopSim of ours that nobody is restarting is started here. None once ready."""
+        cfg = plan.cfg.shopsim
+        deadline = host.clock.monotonic() + cfg.start_timeout
+        waited = False
+        while True:
+            restarting = self._lock.locked()
+            dead = self.child is not None and not self.child.alive()
+            if not restarting and not dead and (self._just_ready() or await self.health(plan, host) is not None):
+                if waited:
+                    host.emit("shopsim.waited", before=before, free_slots=self.free_slots)
+                return None
+            if not restarting and not dead and self.child is None and not self.external and cfg.manage \
+                    and cfg.command:
+                problem = await self.ensure_ready(plan, host, settle=False)  # nobody restarts it: we do
+                if problem is None:
+                    continue
+            if host.clock.monotonic() >= deadline:
+                return (f"shopsim at {cfg.url} did not answer ready {before} within {cfg.start_timeout:.0f}s "
+                        "(shopsim.start_timeout); a stage never starts against a dead or restarting ShopSim")
+            waited = True
+            await anyio.sleep(0.2)
+
+    def _just_ready(self) -> bool:
+        """ShopSim answered "ready" within the last FRESH_READY_S (real seconds, not the clock
+        seam: this is the age of an HTTP answer). Stages ask twice back to back (recover_leaks,
+        then wait_ready): the second probe added a round trip to every trainer, val and gate
+        start without telling anything new (issue 17, item 5)."""
+        return self._ready_seen is not None and time.monotonic() - self._ready_seen < FRESH_READY_S
+
+    def vouch(self, save_dir: Path) -> None:
+        """While our ShopSim child is alive: every checkpoint the tracker names now was trained
+        against it. Not fsynced (a daemon crash keeps the page cache; after a host crash an
+        older witness only makes the rollback below more cautious)."""
+        if self.witness is None or self.child is None or self._outage:
+            return
+        iteration = ckpt.read_tracker(save_dir).iteration  # read BEFORE the liveness check
+        if not self.child.alive():
+            self.mark_outage()
+            return
+        # None: no tracker, or one caught mid-write (Megatron writes it in place): keep the last.
+        if iteration is not None and iteration != self._witnessed:
+            self._witness(iteration)
+
+    def _witness(self, iteration: int | None) -> None:
+        if self.witness is not None:
+            replace_json(self.witness, {"iteration": iteration, "outage": self._outage})
+            self._witnessed = iteration
+
+    def mark_outage(self) -> None:
+        """Our ShopSim died: freeze the witness until :meth:`settle_outage` has run."""
+        witness = _read_witness(self.witness)
+        if witness is not None and not self._outage:
+            self._outage = True
+            self._witness(witness.get("iteration"))
+
+    async def settle_outage(self, plan: RoundPlan, host: ServiceHost) -> bool:
+        """Retrain what was saved after the last witnessed checkpoint, if ShopSim died since.
+        Only called where no stage uses checkpoints (start-up, TRAIN). True if it rolled back."""
+        witness = _read_witness(self.witness)
+        if witness is None or not witness.get("outage"):
+            return False
+        trainer = host.find_child("trainer")
+        if trainer is not None:
+            await trainer.stop(plan.cfg.train.grace)
+            host.unregister_child(trainer)
+        save = plan.layout.save_dir
+        safe = witness.get("iteration")
+        scan = ckpt.scan(save)
+        doomed = ckpt.outage_suspects(scan, safe)
+        used = [c.iteration for c in doomed if _export_used(plan, c.iteration)]
+        self._outage = False
+        if used:
+            host.emit("shopsim.outage_after_use", iterations=used, witnessed=safe,
+                      note="a later stage already used these weights; not retrained")
+            self._witness(scan.tracker.iteration)
+            return False
+        if not doomed:
+            self._witness(safe)
+            return False
+        host.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
+                  reason="saved after ShopSim was last seen alive: may hold a partial rollout")
+        done = ckpt.roll_back_to(save, safe, now=host.clock.time())  # checkpoints.py deletes, not us
+        # What is retrained from here must be witnessed again, by the next live ShopSim.
+        self._witness(done.resume)
+        return True
+
+    async def ensure_ready(self, plan: RoundPlan, host: ServiceHost, *, settle: bool = True) -> str | None:
+        """None once ready; else a one-line problem (the stage retries). ``settle``: at start-up,
+        a ShopSim of ours that is gone died unwatched (or was stopped; then nothing is undone)."""
+        async with self._lock:
+            return await self._ensure_ready(plan, host, settle=settle)
+
+    async def _ensure_ready(self, plan: RoundPlan, host: ServiceHost, *, settle: bool) -> str | None:
+        cfg = plan.cfg.shopsim
+        if self.child is None:
+            self.child = host.find_child("shopsim")
+            if self.child is not None:
+                host.emit("shopsim.adopted", pid=self.child.pid)
+            elif settle and not self.external:
+                self.mark_outage()
+                await self.settle_outage(plan, host)
+        if self.child is None and await self.health(plan, host) is not None:
+            self.external = True
+            host.emit("shopsim.adopted", pid=None, url=cfg.url, note="already healthy; not started twice")
+            return None
+        if self.child is None:
+            if not cfg.manage or not cfg.command:
+                return f"shopsim at {cfg.url} is not ready and shopsim.command is not set; start it or configure it"
+            addr, port = host_port(cfg.url, 5700)
+            if not await wait_port_free(addr, port, timeout=min(30.0, cfg.start_timeout)):
+                return f"{addr}:{port} is held by something that is not a ready ShopSim; free the port"
+            _redirect_service_log(plan, host)
+            self.child = await host.spawn(plan, "shopsim", cfg.command, cfg, state="SHOPSIM")
+        deadline = host.clock.monotonic() + cfg.start_timeout
+        while host.clock.monotonic() < deadline:
+            if await self.health(plan, host) is not None:
+                host.emit("shopsim.ready", pid=self.child.pid, free_slots=self.free_slots)
+                if not _read_witness(self.witness):  # a first start: what is on disk predates it
+                    self._witness(ckpt.read_tracker(plan.layout.save_dir).iteration)
+                return None
+            if not self.child.alive():
+                host.unregister_child(self.child)
+                self.child = None
+                return f"shopsim exited during start-up; see {plan.log_path('SHOPSIM')}"
+            await anyio.sleep(0.1)
+        await self.stop(plan, host)
+        return f"shopsim not ready within {cfg.start_timeout:.0f}s (shopsim.start_timeout)"
+
+    async def stop(self, plan: RoundPlan, host: ServiceHost) -> None:
+        if self.child is not None:
+            await self.child.stop(plan.cfg.shopsim.grace)
+            host.unregister_child(self.child)
+            self.child = None
+        self.healthy, self._ready_seen = None, None
+
+    async def restart(self, plan: RoundPlan, host: ServiceHost, why: str) -> str | None:
+        async with self._lock:
+            self.restarts += 1
+            host.emit("shopsim.restart", reason=why, restarts=self.restarts)
+            if self.external:
+                return f"shopsim at {plan.cfg.shopsim.url} is not ours to restart ({why}); restart it by hand"
+            await self.stop(plan, host)
+            await anyio.sleep(Backoff(plan.cfg.shopsim.backoff, SHOPSIM_BACKOFF_CAP_S, max_doublings=5).delay(self.restarts))
+            return await self._ensure_ready(plan, host, settle=False)
+
+    async def recover_leaks(self, plan: RoundPlan, host: ServiceHost, *, reason: str) -> str | None:
+        """Slots still leased while no client of ours runs are leaks: ``release_all`` (twice if a
+        ghost waiter took a slot at the first), then a restart of a ShopSim of ours. None once
+        every slot is free (or a client of ours runs, whose leases are legitimate); else a
+        one-line problem (the stage retries). An adopted ShopSim that stays short raises
+        :class:`StageFailed`: it is not ours to restart, and retrying cannot fix it."""
+        if any(host.find_child(r) is not None for r in CLIENT_ROLES):
+            return None
+        problem = await self.wait_ready(plan, host, before=reason)
+        if problem:
+            return problem
+        cfg = plan.cfg.shopsim
+        free, slots = self.free_slots, self.environment_slots
+        if free is None or slots is None or free >= slots:
+            return None
+        host.emit("shopsim.lease_leak", free_slots=free, slots=slots, reason=reason)
+        for attempt in (1, 2):  # the second frees what ghost waiters took at the first
+            sent = await self.release_all(plan, host)
+            health = await self.health(plan, host)
+            host.emit("shopsim.release_all", attempt=attempt, answered=sent, free_slots=self.free_slots,
+                      slots=self.environment_slots)
+            if health is not None and self.free_slots is not None and self.environment_slots is not None \
+                    and self.free_slots >= self.environment_slots:
+                host.emit("shopsim.leaks_recovered", how="release_all", attempts=attempt)
+                return None
+        short = f"{(self.environment_slots or slots) - (self.free_slots or 0)} of {self.environment_slots or slots}"
+        if self.external:
+            raise StageFailed(
+                f"shopsim at {cfg.url} (adopted: shoprld did not start it) still has {short} slots leased "
+                f"{reason} after two release_all, while no client of this campaign runs; another client "
+                f"holds them or queued resets wait there: stop those clients or restart ShopSim by hand, "
+                f"then run shoprld again")
+        return await self.restart(plan, host, f"{short} slots still leased after two release_all {reason}")
+
+    async def supervise(self, host_factory: Callable[[], PlannedHost], interval: float = SUPERVISE_INTERVAL,
+                        health_interval: float = HEALTH_INTERVAL) -> None:
+        """Restart ShopSim with backoff whenever the child we started dies; refresh the health
+        (``free_slots``, ``environment_slots``) every ``health_interval`` seconds for ``status``."""
+        last_health = -float("inf")
+        while True:
+            await anyio.sleep(interval)
+            child = self.child
+            if self.closing:
+                return
+            host = host_factory()
+            plan = host.plan
+            self.vouch(plan.layout.save_dir)
+            now = host.clock.monotonic()
+            if not self._lock.locked() and now - last_health >= health_interval:
+                last_health = now
+                await self.health(plan, host)
+                child = self.child
+            if child is not None and not child.alive():
+                host.emit("shopsim.died", pid=child.pid, returncode=child.returncode)
+                self.mark_outage()
+                host.unregister_child(child)
+                self.child = None
+                # A trainer that lost ShopSim mid-rollout either aborts (8 unscored groups) or
+                # trains a step on a partial rollout: stop it now; TRAIN settles the outage
+                # (retrains what was saved since ShopSim was last seen alive) and relaunches it.
+                trainer = host.find_child("trainer")
+                if trainer is not None:
+                    host.emit("shopsim.died_during_train", trainer_pid=trainer.pid)
+                    await trainer.stop(plan.cfg.train.grace)
+                problem = await self.restart(plan, host, "died")
+                if problem:
+                    host.emit("shopsim.restart_failed", problem=problem)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def service_dir(plan: RoundPlan) -> Path | None:
+    """The directory the service runs in (and writes ``shop_agent.log`` to): the directory of a
+    ``start.sh`` in the command (it ``cd``s there), else ``shopsim.cwd``."""
+    cfg = plan.cfg.shopsim
+    for arg in plan.resolve().argv(cfg.command):
+        if Path(arg).name == "start.sh":
+            return Path(arg).resolve().parent
+    return cfg.cwd
+
+
+def _redirect_service_log(plan: RoundPlan, host: ServiceHost) -> None:
+    """Make ``<service dir>/shop_agent.log`` a symlink to ``$EXP_DIR/logs/shop_agent.log`` (as
+    ``runs/`` is redirected), so the request log never grows inside the checkout. A real file
+    already there is moved next to the target first. Best effort: a read-only checkout is
+    logged, not fatal."""
+    where = service_dir(plan)
+    if where is None or not where.is_dir():
+        return
+    link = where / SERVICE_LOG
+    target = plan.layout.logs / SERVICE_LOG
+    try:
+        if link.is_symlink():
+            if Path(os.readlink(link)) == target:
+                return
+            link.unlink()
+        elif link.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(link), str(target.with_name(f"{SERVICE_LOG}.moved-{int(host.clock.time())}")))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        host.emit("shopsim.log_redirected", link=str(link), target=str(target))
+    except OSError as exc:
+        host.emit("shopsim.log_redirect_failed", link=str(link), error=str(exc))
+
+
+def _read_witness(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and "iteration" in doc else None
+
+
+def _export_used(plan: RoundPlan, iteration: int) -> bool:
+    """A later stage already used this checkpoint: it is a round's end and EXPORT_HF recorded it."""
+    mapping = plan.mapping
+    r = mapping.round_of(iteration)
+    return iteration == mapping.end_iteration(r) and read_json(plan.with_round(r).record_path("export")) is not None
