@@ -316,19 +316,22 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                 await done.wait()
             offset, ids = _read_progress(log, offset, pattern)
             now = ctx.clock.monotonic()
-            for rid in ids:
-                if resume is not None and last_id is None:
-                    wrong = _check_resume(ctx, resume, rid)
-                    if wrong:
-                        tg.cancel_scope.cancel()
-                        return Followed(wrong_resume=wrong)
-                if last_id is not None and rid > last_id:
-                    step_times.append((now - last_step_at) / max(1, rid - last_id))
-                if last_id is None or rid > last_id:
-                    last_id, last_step_at = rid, now
-                    step = min(ctx.cfg.campaign.steps_per_round, max(0, rid - start_iter))
-                    ctx.emit("train.progress", rollout=rid, step=step,
-                             step_seconds=statistics.median(step_times) if step_times else None)
+            if resume is not None and last_id is None and ids:
+                wrong = _check_resume(ctx, resume, ids[0])
+                if wrong:
+                    tg.cancel_scope.cancel()
+                    return Followed(wrong_resume=wrong)
+            newest = max(ids, default=None)
+            if newest is not None and (last_id is None or newest > last_id):
+                # Lines read in one poll arrived together (a loaded box, a slow status write):
+                # the time since the last poll is spread over every step it brought, never a
+                # zero-length step per line.
+                if last_id is not None:
+                    step_times.append((now - last_step_at) / (newest - last_id))
+                last_id, last_step_at = newest, now
+                step = min(ctx.cfg.campaign.steps_per_round, max(0, newest - start_iter))
+                ctx.emit("train.progress", rollout=newest, step=step,
+                         step_seconds=statistics.median(step_times) if step_times else None)
             # Before the first step slime loads the model and warms SGLang up, which takes
             # longer than a step: allow stall_factor x stall_min for that.
             limit = max(cfg.stall_factor * statistics.median(step_times), cfg.stall_min) if step_times \
