@@ -116,8 +116,10 @@ def check_campaign(root: Path, reference: dict[str, bytes], rounds: int = ROUNDS
     st = status(root)
     if st.get("state") != "DONE":
         bad.append(f"{root}: state {st.get('state')}, not DONE")
-    if results(root) != reference:
-        bad.append(f"{root}: per-round val/gate/SkillBank files differ from the reference")
+    got = results(root)
+    if got != reference:
+        differ = sorted(k for k in got.keys() | reference.keys() if got.get(k) != reference.get(k))
+        bad.append(f"{root}: per-round val/gate/SkillBank files differ from the reference: {differ[:8]}")
     rows = [int(r[0]) for r in ledger_rows(root)]
     if rows != list(range(rounds)):
         bad.append(f"{root}: ledger rows {rows}")
