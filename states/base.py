@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import anyio
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import Config, ProcessSpec
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.paths import round_id as round_id  # re-exported: stages and commands name it here
@@ -217,7 +218,7 @@ class RoundContext:
         return self.plan.resolve()
 
     def values(self) -> dict[str, str]:
-        """Every {placeholder} for this round (config.PLACEHOLDERS documents them)."""
+        """Every {placeholder} for this round (placeholders.PLACEHOLDERS documents them)."""
         return dict(self.resolve().values)
 
     # -- running tools -----------------------------------------------------------

@@ -44,7 +44,7 @@ import anyio
 import httpx
 import structlog
 
-from shoprld.daemon.foundation.config import NotifyEndpoint, NotifySection
+from shoprld.daemon.foundation.configsections import NotifyEndpoint, NotifySection
 from shoprld.daemon.foundation.secrets import Redactor, Secrets
 from shoprld.daemon.foundation.store import atomic_write_json
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shoprld.daemon.foundation import disk
-from shoprld.daemon.foundation.config import DiskSection
+from shoprld.daemon.foundation.configsections import DiskSection
 
 
 class DiskWatch:

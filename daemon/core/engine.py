@@ -58,7 +58,9 @@ from shoprld.daemon.core.children import Children
 from shoprld.daemon.foundation.console import Campaign, terminal_mode
 from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.diskwatch import DiskWatch
-from shoprld.daemon.foundation.config import Config, ProcessSpec, load_config, resolve_deadline
+from shoprld.daemon.foundation.config import Config, load_config
+from shoprld.daemon.foundation.configsections import ProcessSpec
+from shoprld.daemon.foundation.configvalues import resolve_deadline
 from shoprld.daemon.foundation.errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.layout import Layout

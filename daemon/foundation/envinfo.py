@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import normalize_sm
+from shoprld.daemon.foundation.configvalues import normalize_sm
 
 if TYPE_CHECKING:
     from shoprld.daemon.foundation.config import Config

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
-from shoprld.daemon.foundation.config import PLACEHOLDERS, Config, load_config
+from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.disk import PreflightProblem
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
 from shoprld.daemon.foundation.preflight import df_text, preflight_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.round.saves import describe as describe_saves

@@ -44,9 +44,11 @@ import shoprld.recipes.demo
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.round import saves
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import Config, ProcessSpec, expand, expand_vars
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.placeholders import expand, expand_vars
 from shoprld.daemon.foundation.secrets import Secrets
 from shoprld.daemon.foundation.store import read_json  # noqa: F401  (re-exported: the stages read records with it)
 
@@ -228,7 +230,7 @@ class RoundPlan:
         return current
 
     def values(self, facts: RoundFacts) -> dict[str, str]:
-        """Every {placeholder} for this round (config.PLACEHOLDERS documents them)."""
+        """Every {placeholder} for this round (placeholders.PLACEHOLDERS documents them)."""
         cfg, lay = self.cfg, self.layout
         shop_host, shop_port = host_port(cfg.shopsim.url, 5700)
         val_host, val_port = host_port(cfg.val.url, 30000)

@@ -61,7 +61,8 @@ from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import disk
-from shoprld.daemon.foundation.config import Config, SavesSection
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.preflight import forecast_for, limits_for

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from shoprld.daemon.foundation.config import Config, ProcessSpec
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.services.ray import RayLauncher, entrypoint_of, job_env, ray_tmpdir_path
 from shoprld.daemon.round.plan import RoundValues, resolve

@@ -59,11 +59,12 @@ import anyio
 import httpx
 
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import Config, expand
+from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from shoprld.daemon.round.plan import RoundValues
+from shoprld.daemon.foundation.placeholders import expand
 from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS
 from shoprld.daemon.foundation.store import atomic_write_json
 

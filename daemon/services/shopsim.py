@@ -44,7 +44,7 @@ import anyio
 import httpx
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import ProcessSpec
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import StageFailed
 from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
 from shoprld.daemon.foundation.retry import Backoff

@@ -30,7 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import Config, ProcessSpec
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.round.plan import resolve

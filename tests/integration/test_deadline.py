@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import deadline_seconds_or_time, load_config, resolve_deadline
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.configvalues import deadline_seconds_or_time, resolve_deadline
 from shoprld.daemon.foundation.errors import ConfigError
 from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, run_daemon, status
 

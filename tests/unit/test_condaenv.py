@@ -18,7 +18,8 @@ import anyio
 import pytest
 
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import ProcessSpec, config_from_dict
+from shoprld.daemon.foundation.config import config_from_dict
+from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.services.processes import LocalLauncher
 from shoprld.daemon.services.ray import entrypoint_of

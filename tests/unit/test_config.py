@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import expand, load_config, parse_duration, parse_size
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.configvalues import parse_duration, parse_size
 from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.placeholders import expand
 
 MINIMAL = """
 [campaign]
