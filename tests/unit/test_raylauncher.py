@@ -27,8 +27,6 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.services.processes import ChildRecord, LocalLauncher
 from shoprld.daemon.services.ray import (
     RayJobChild,
-    RayJobsClient,
-    RayJobsError,
     RayLauncher,
     build_launcher,
     entrypoint_of,
@@ -37,6 +35,7 @@ from shoprld.daemon.services.ray import (
     ray_tmpdir_path,
     session_pids,
 )
+from shoprld.daemon.services.rayjobs import RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import resolve
 
 STANDIN = Path(__file__).resolve().parents[2] / "run" / "demo" / "rayjobs_standin.py"

@@ -21,7 +21,8 @@ import pytest
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config, config_from_dict
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.services.ray import RayJobsClient, RayLauncher
+from shoprld.daemon.services.ray import RayLauncher
+from shoprld.daemon.services.rayjobs import RayJobsClient
 from shoprld.daemon.round.plan import RoundFacts, RoundPlan, resolve
 from tests.roundctx import standalone_context
 
