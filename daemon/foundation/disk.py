@@ -1,4 +1,4 @@
-"""The disk guard: sampling, forecast, limits, THE ok/soft/hard rule, monitor, ballast, ENOSPC.
+"""The disk guard: sampling, forecast, limits, THE ok/soft/hard rule, monitor, ENOSPC recognition.
 
 Theory of operation (SPEC §2 PREFLIGHT_DISK, §3 sizes, §4 etiquette, §5 disk guard; issue 6)
 ----------------------------------------------------------------------------------------------
