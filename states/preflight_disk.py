@@ -9,7 +9,7 @@ the campaign and cache layout, the managed ``runs/`` link and the ballast file.
 from __future__ import annotations
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.disk import Ballast
+from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.preflight import preflight_problems, real_stack_problems, tmpdir_problems

@@ -58,12 +58,14 @@ from shoprld.daemon.core.children import Children
 from shoprld.daemon.foundation.console import Campaign, terminal_mode
 from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.diskwatch import DiskWatch
+from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.configvalues import resolve_deadline
 from shoprld.daemon.foundation.errors import EXIT_DISK, EXIT_OK, ConfigError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.core.events import (
     CheckpointSeen,
     DiskLevel,
@@ -512,7 +514,7 @@ class Engine:
         fields: dict[str, Any] = {"resume_from": {"round": self.round, "state": src.value}} \
             if isinstance(ending, Stop) else {}
         if isinstance(ending, Park):
-            diskmod.Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
+            Ballast(self.layout.ballast, self.cfg.disk.ballast).release()
         if not isinstance(ending, Exit):  # a stage's configuration error leaves ShopSim for the next start
             await self._stop_children()
         if isinstance(ending, Park):
@@ -593,7 +595,7 @@ class Engine:
         keep = ckpt.keep_set(scan, m, round=self.round, finished=False, keep_finals=1, export_iteration=exported)
         doomed, freed = ckpt.retain(scan, keep, save_dir=self.layout.save_dir, trainer_running=trainer_running)
         if self.layout.tmp.exists():
-            freed += diskmod.clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
+            freed += clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
         if freed:
             log.info("disk.reclaimed", bytes=freed, deleted=[c.iteration for c in doomed])
         return freed

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shoprld.daemon.foundation.status import fmt_bytes, fmt_duration, round_label
+from shoprld.daemon.foundation.status import round_label
+from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
 
 EVENT = "plan.next_round_wont_fit"
 

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from shoprld.daemon.foundation.status import fmt_duration, round_label
+from shoprld.daemon.foundation.status import round_label
+from shoprld.daemon.foundation.statusview import fmt_duration
 
 LIVE = "\r"  # a rendered line starting with this replaces the live progress line
 

@@ -1,26 +1,26 @@
-"""The disk guard: preflight, forecast, limits, monitor, ballast and ENOSPC recognition.
+"""The disk guard: sampling, forecast, limits, THE ok/soft/hard rule, monitor, ENOSPC recognition.
 
 Theory of operation (SPEC §2 PREFLIGHT_DISK, §3 sizes, §4 etiquette, §5 disk guard; issue 6)
 ----------------------------------------------------------------------------------------------
-* **Preflight** (:func:`preflight`) runs at every (re)start. It returns *every* problem it
-  finds as a :class:`PreflightProblem`, each printable as one operator line; the engine prints
-  the first and exits 3. :func:`df_summary` is the ``df``-like table printed beside it.
 * **Forecast** (:func:`forecast`): what the next round needs on the volume, from the last
   checkpoint's measured size (or the configured estimate before there is one).
 * **Limits** (:func:`limits`): soft and hard free-space floors, derived from the volume size
   and the checkpoint size, both overridable.
-* **Guard** (:class:`Guard`): pure logic, samples in, level changes out, with hysteresis so a
-  value that flaps around a limit does not thrash. HARD is entered at once, never debounced.
+* **Guard** (:class:`Guard`, :func:`classify`): pure logic, samples in, level changes out, with
+  hysteresis so a value that flaps around a limit does not thrash. HARD is entered at once,
+  never debounced. :func:`classify` is the one soft/hard/ok rule: the monitor, the park
+  (:class:`Verdict`) and :func:`wait_for_space` all judge by it.
 * **Monitor** (:class:`Monitor`, :func:`monitor`): one anyio task that samples every
   ``interval`` seconds on a deadline schedule, feeds the guard and emits event dicts through an
   async callback. ``Monitor.poke()`` asks for a sample right now (after an ENOSPC, say).
   The sampler is a seam (:class:`Sampler`): tests may swap it, the real code path stays.
-* **Ballast** (:class:`Ballast`): a preallocated file released at the hard limit so that the
-  last writes (state, a final save) can land.
-* **ENOSPC** (:func:`is_enospc`, :func:`log_says_enospc`): a full disk seen through an
-  exception or through a child's log tail. inotify's watch-limit ENOSPC is *not* a full disk.
-* **Reclaim** (:func:`reclaimable_tmp`, :func:`clear_dir_contents`): emptying the campaign's
-  own tmp dir, never outside the directory it is confined to.
+* **ENOSPC** (:func:`is_enospc`, :func:`log_says_enospc`): the one recogniser of a full disk,
+  seen through an exception or through a child's log tail. inotify's watch-limit ENOSPC is
+  *not* a full disk.
+
+Beside it: the start-up checks and the ``df`` table are :mod:`.diskcheck`'s, the ballast
+released at the hard limit is :mod:`.ballast`'s, emptying the campaign's tmp dir is
+:mod:`.reclaim`'s. This module writes no file.
 
 "Free" everywhere in this module means ``f_bavail``: what an unprivileged writer can still
 allocate, which excludes the root-reserved blocks of ext4 (see :class:`DiskSample`).
@@ -30,16 +30,13 @@ Nothing here knows about config objects or the engine: every function takes plai
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import errno
 import math
 import os
 import re
-import stat
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,9 +46,9 @@ import structlog
 from anyio.abc import TaskStatus
 
 __all__ = [
+    "DISK_FULL_ERRNOS",
     "GiB",
     "LEVEL_EVENTS",
-    "Ballast",
     "DiskSample",
     "Emit",
     "Forecast",
@@ -59,18 +56,17 @@ __all__ = [
     "Level",
     "Limits",
     "Monitor",
-    "PreflightProblem",
     "Sampler",
-    "clear_dir_contents",
-    "df_summary",
+    "Verdict",
+    "classify",
     "forecast",
+    "human_bytes",
     "is_enospc",
     "limits",
     "log_says_enospc",
     "monitor",
-    "preflight",
-    "reclaimable_tmp",
     "sample",
+    "wait_for_space",
 ]
 
 log = structlog.get_logger("shoprld.daemon.foundation.disk")
@@ -78,7 +74,7 @@ log = structlog.get_logger("shoprld.daemon.foundation.disk")
 GiB = 1 << 30
 
 #: errnos that mean "this write did not fit": the filesystem is full, or the user's quota is.
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 # --------------------------------------------------------------------------------------------
@@ -515,84 +511,6 @@ async def monitor(
 
 
 # --------------------------------------------------------------------------------------------
-# Ballast
-# --------------------------------------------------------------------------------------------
-
-
-class Ballast:
-    """A preallocated file on the volume, released at the hard limit so the last writes can land.
-
-    ``ensure()`` allocates real blocks with ``posix_fallocate`` (tmpfs and ext4 both honour it)
-    into ``<name>.partial`` and renames it into place, so a crash mid-allocation never leaves a
-    short ballast under the real name.
-    """
-
-    def __init__(self, path: Path, size_bytes: int) -> None:
-        if size_bytes <= 0:
-            raise ValueError(f"ballast size must be > 0, got {size_bytes}")
-        self.path = Path(path)
-        self.size_bytes = size_bytes
-        self._partial = self.path.with_name(self.path.name + ".partial")
-
-    @property
-    def present(self) -> bool:
-        """Whether the ballast file exists (at any size)."""
-        return self.path.is_file()
-
-    def ensure(self) -> bool:
-        """Make sure the ballast holds ``size_bytes`` of real blocks.
-
-        A no-op when it already does. Returns ``False`` and logs ``disk.ballast_failed`` when the
-        volume has no room (ENOSPC/EDQUOT), leaving no partial file behind; other ``OSError``
-        (permissions, a read-only volume) propagate, since they are configuration errors.
-        """
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            st = None
-        if st is not None and st.st_size == self.size_bytes and st.st_blocks * 512 >= self.size_bytes:
-            return True
-        _unlink_quiet(self._partial)
-        try:
-            fd = os.open(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, self.size_bytes)
-            finally:
-                os.close(fd)
-            os.replace(self._partial, self.path)
-        except OSError as exc:
-            _unlink_quiet(self._partial)
-            if exc.errno not in _DISK_FULL_ERRNOS:
-                raise
-            log.warning(
-                "disk.ballast_failed",
-                path=str(self.path),
-                size_bytes=self.size_bytes,
-                error=os.strerror(exc.errno or 0),
-            )
-            return False
-        log.info("disk.ballast_created", path=str(self.path), size_bytes=self.size_bytes)
-        return True
-
-    def release(self) -> int:
-        """Delete the ballast; return the bytes its blocks held (0 if it was absent)."""
-        freed = 0
-        for p in (self.path, self._partial):
-            try:
-                freed += p.lstat().st_blocks * 512
-                p.unlink()
-            except FileNotFoundError:
-                continue
-        log.warning("disk.ballast_released", path=str(self.path), freed_bytes=freed)
-        return freed
-
-
-def _unlink_quiet(p: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        p.unlink()
-
-
-# --------------------------------------------------------------------------------------------
 # ENOSPC recognition
 # --------------------------------------------------------------------------------------------
 
@@ -620,7 +538,7 @@ def is_enospc(exc: BaseException) -> bool:
         seen.add(id(e))
         if isinstance(e, BaseExceptionGroup):
             todo.extend(e.exceptions)
-        elif isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS and not _INOTIFY.search(str(e)):
+        elif isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS and not _INOTIFY.search(str(e)):
             return True
         if e.__cause__ is not None:
             todo.append(e.__cause__)
@@ -651,223 +569,8 @@ def log_says_enospc(text: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Preflight and df
+# Bytes for messages (the guard's reasons, the park line, the preflight and the operations)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreflightProblem:
-    """One reason not to start: what is wrong, where, and the fix."""
-
-    what: str
-    where: str
-    fix: str
-
-    def line(self) -> str:
-        """One line: ``<what>: <where> (<fix>)``; newlines in paths are escaped."""
-        text = f"{self.what}: {self.where} ({self.fix})"
-        return text.replace("\r", "\\r").replace("\n", "\\n")
-
-
-def preflight(
-    *,
-    ephemeral_root: Path,
-    repo: Path,
-    heavy_paths: Mapping[str, Path],
-    need_bytes: int,
-    need_inodes: int,
-    require_mount: bool = True,
-    forbid_same_fs: bool = True,
-) -> list[PreflightProblem]:
-    """Check the volume and the heavy output paths; return every problem found, in this order.
-
-    1. the root is missing (then nothing else can be checked); 2. it is not a mount point while
-    ``require_mount``; 3. the repo is on the same filesystem while ``forbid_same_fs``; 4. it is
-    read-only (``ST_RDONLY``, or a probe file fails with EROFS; EACCES is reported as not
-    writable); 5. free bytes < ``need_bytes``; 6. free inodes < ``need_inodes``; 7. each heavy
-    path whose ``realpath`` (symlinks followed; for a path not created yet, its nearest existing
-    ancestor) is on another device than the root, e.g. the memo's AutoDL data-disk dirs that are
-    symlinks into the nearly full system disk. The root itself is used through its ``realpath``.
-    Performs no side effects beyond creating and deleting one probe file.
-    """
-    problems: list[PreflightProblem] = []
-    root = Path(os.path.realpath(ephemeral_root))
-    shown = str(ephemeral_root) if root == Path(ephemeral_root) else f"{ephemeral_root} -> {root}"
-    if not root.is_dir():
-        problems.append(
-            PreflightProblem(
-                "ephemeral root is missing" if not root.exists() else "ephemeral root is not a directory",
-                shown,
-                "mount the volume there, or point the storage root at the mounted volume",
-            )
-        )
-        return problems
-    root_dev = root.stat().st_dev
-
-    if require_mount and not os.path.ismount(root):
-        problems.append(
-            PreflightProblem(
-                "ephemeral root is not a mount point",
-                f"{shown} is a plain directory on {_mount_point(root)}",
-                "mount the volume there, or set require_mount = false",
-            )
-        )
-
-    if forbid_same_fs:
-        repo_real = _existing_ancestor(Path(os.path.realpath(repo)))
-        if repo_real.stat().st_dev == root_dev:
-            problems.append(
-                PreflightProblem(
-                    "repo and ephemeral root are on the same filesystem",
-                    f"{repo} and {shown} are both on {_mount_point(root)}",
-                    "put heavy outputs on a separate volume, or set forbid_same_fs = false",
-                )
-            )
-
-    s = sample(root)
-    ro = _read_only_problem(root, shown, s.read_only)
-    if ro is not None:
-        problems.append(ro)
-
-    if s.free_bytes < need_bytes:
-        problems.append(
-            PreflightProblem(
-                "not enough free space on the volume",
-                f"{shown} has {human_bytes(s.free_bytes)} free, the next round needs {human_bytes(need_bytes)}",
-                "free space on the volume (old campaigns, caches) or lower the checkpoint estimate",
-            )
-        )
-    if s.inodes_free < need_inodes:
-        problems.append(
-            PreflightProblem(
-                "not enough free inodes on the volume",
-                f"{shown} has {s.inodes_free} inodes free, the next round needs {need_inodes}",
-                "delete small files on the volume (old logs, caches) or remake it with more inodes",
-            )
-        )
-
-    for label, p in heavy_paths.items():
-        real = Path(os.path.realpath(p))
-        anchor = _existing_ancestor(real)
-        if anchor.stat().st_dev != root_dev:
-            via = "" if real == Path(p) else f" -> {real}"
-            problems.append(
-                PreflightProblem(
-                    f"{label} is not on the volume",
-                    f"{p}{via} is on {_mount_point(anchor)}, not on {shown}",
-                    f"make {label} a real directory under {root} (remove the symlink that leads off the volume)",
-                )
-            )
-    return problems
-
-
-def _read_only_problem(root: Path, shown: str, flagged: bool) -> PreflightProblem | None:
-    fix = "remount it read-write (mount -o remount,rw) or fix the volume"
-    if flagged:
-        return PreflightProblem("ephemeral root is read-only", f"{shown} is mounted read-only", fix)
-    try:
-        fd, name = tempfile.mkstemp(prefix=".shoprld-preflight-", dir=root)
-    except OSError as exc:
-        if exc.errno == errno.EROFS:
-            return PreflightProblem("ephemeral root is read-only", f"writing a probe in {shown} failed", fix)
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            return PreflightProblem(
-                "ephemeral root is not writable",
-                f"{shown}: {os.strerror(exc.errno)} for uid {os.geteuid()}",
-                "give the daemon's user write access to the volume",
-            )
-        if exc.errno in _DISK_FULL_ERRNOS:
-            return None  # the bytes/inodes checks report it with numbers
-        raise
-    try:
-        os.close(fd)
-    finally:
-        os.unlink(name)
-    return None
-
-
-def _existing_ancestor(p: Path) -> Path:
-    """``p`` or its nearest ancestor that exists (the root always does)."""
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def _mount_point(p: Path) -> Path:
-    """The mount point of the filesystem holding ``p`` (which must exist)."""
-    p = Path(os.path.realpath(p))
-    while not os.path.ismount(p) and p != p.parent:
-        p = p.parent
-    return p
-
-
-def _mount_sources() -> dict[str, tuple[str, str]]:
-    """Mount point -> (source, fstype) from /proc/self/mountinfo; the top mount wins."""
-    out: dict[str, tuple[str, str]] = {}
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 2:
-            continue
-        mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        out[mnt] = (tail[1], tail[0])
-    return out
-
-
-def df_summary(paths: Mapping[str, Path]) -> str:
-    """A ``df -h``-like table, one row per labelled path (e.g. repo and volume), plain text.
-
-    Columns: label, filesystem (source and type), size, used, avail, use%, free inodes, mounted on.
-    A path that does not exist gets a row that says so.
-    """
-    header = ("LABEL", "FILESYSTEM", "SIZE", "USED", "AVAIL", "USE%", "IFREE", "MOUNTED ON")
-    rows: list[tuple[str, ...]] = [header]
-    sources = _mount_sources()
-    for label, p in paths.items():
-        try:
-            st = os.statvfs(p)
-        except OSError as exc:
-            rows.append((label, "-", "-", "-", "-", "-", "-", f"{p}: {exc.strerror or exc}"))
-            continue
-        mnt = _mount_point(Path(p))
-        src, fstype = sources.get(str(mnt), ("?", "?"))
-        size = st.f_blocks * st.f_frsize
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        avail = st.f_bavail * st.f_frsize
-        pct = "-" if used + avail == 0 else f"{math.ceil(used * 100 / (used + avail))}%"
-        rows.append(
-            (label, f"{src} ({fstype})", _df_h(size), _df_h(used), _df_h(avail), pct, str(st.f_favail), str(mnt))
-        )
-    return _table(rows, right={2, 3, 4, 5, 6})
-
-
-def _table(rows: Iterable[tuple[str, ...]], *, right: set[int]) -> str:
-    rows = list(rows)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    last = len(widths) - 1
-    lines = []
-    for r in rows:
-        cells = [
-            c if i == last else (c.rjust(widths[i]) if i in right else c.ljust(widths[i])) for i, c in enumerate(r)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
-def _df_h(n: int) -> str:
-    """``df -h`` style: powers of 1024, one decimal below 10, rounded up like df."""
-    v, unit = float(n), ""
-    for u in "KMGTPE":
-        if v < 1024:
-            break
-        v, unit = v / 1024, u
-    if not unit:
-        return str(n)
-    return f"{math.ceil(v * 10) / 10:.1f}{unit}" if v < 10 else f"{math.ceil(v):.0f}{unit}"
 
 
 def human_bytes(n: float) -> str:
@@ -878,93 +581,3 @@ def human_bytes(n: float) -> str:
             break
         v, unit = v / 1024, u
     return f"{int(n)} B" if unit == "B" else f"{v:.1f} {unit}"
-
-
-# --------------------------------------------------------------------------------------------
-# Reclaim: the campaign's own tmp dir
-# --------------------------------------------------------------------------------------------
-
-
-def reclaimable_tmp(exp_tmp: Path) -> int:
-    """Bytes that emptying ``exp_tmp`` would free (allocated blocks; no symlinks followed,
-    no other filesystems entered, hard-linked files not counted). 0 if it does not exist."""
-    try:
-        top = os.lstat(exp_tmp)
-    except FileNotFoundError:
-        return 0
-    if not stat.S_ISDIR(top.st_mode):
-        return 0
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(exp_tmp, followlinks=False):
-        keep = []
-        for d in dirnames:
-            try:
-                st = os.lstat(os.path.join(dirpath, d))
-            except FileNotFoundError:
-                continue
-            if st.st_dev == top.st_dev and stat.S_ISDIR(st.st_mode):
-                keep.append(d)
-                total += st.st_blocks * 512
-        dirnames[:] = keep
-        for f in filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, f))
-            except FileNotFoundError:
-                continue
-            if st.st_nlink == 1:
-                total += st.st_blocks * 512
-    return total
-
-
-def clear_dir_contents(d: Path, *, within: Path) -> int:
-    """Delete everything inside ``d`` (not ``d`` itself); return the bytes freed.
-
-    Refuses with ``ValueError`` unless ``realpath(d)`` is strictly inside ``realpath(within)``
-    (the campaign root), so a misconfigured or symlinked tmp dir can never empty the shared cache
-    or another campaign. Walks by directory fd without following symlinks (links are removed, not
-    their targets) and never descends into another filesystem mounted below ``d``; entries it
-    cannot remove are logged (``disk.reclaim_skipped``) and left. A missing ``d`` frees 0.
-    """
-    real = Path(os.path.realpath(d))
-    base = Path(os.path.realpath(within))
-    if real == base or base not in real.parents:
-        raise ValueError(f"refusing to clear {d} (-> {real}): it is not inside {within} (-> {base})")
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return 0
-    try:
-        freed = _clear_fd(fd, os.fstat(fd).st_dev, real)
-    finally:
-        os.close(fd)
-    log.info("disk.tmp_cleared", path=str(real), freed_bytes=freed)
-    return freed
-
-
-def _clear_fd(dfd: int, dev: int, shown: Path) -> int:
-    freed = 0
-    with os.scandir(dfd) as it:
-        entries = list(it)
-    for e in entries:
-        try:
-            st = e.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                if st.st_dev != dev:
-                    log.warning("disk.reclaim_skipped", path=str(shown / e.name), why="another filesystem")
-                    continue
-                cfd = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                try:
-                    freed += _clear_fd(cfd, dev, shown / e.name)
-                finally:
-                    os.close(cfd)
-                os.rmdir(e.name, dir_fd=dfd)
-                freed += st.st_blocks * 512
-            else:
-                os.unlink(e.name, dir_fd=dfd)
-                if st.st_nlink == 1:
-                    freed += st.st_blocks * 512
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("disk.reclaim_skipped", path=str(shown / e.name), why=os.strerror(exc.errno or 0))
-    return freed

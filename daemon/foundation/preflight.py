@@ -1,4 +1,5 @@
-"""PREFLIGHT_DISK's checks, from the config: the disk module's checks + the real stack's files.
+"""PREFLIGHT_DISK's checks, from the config: the volume's checks (:mod:`.diskcheck`) + the real
+stack's files + the TMPDIR lengths.
 
 Used by the PREFLIGHT_DISK state (which raises on the first problem, exit 3) and by
 ``shoprld check`` (which lists them all, with no side effects).
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation import disk, diskcheck
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 
@@ -31,29 +32,29 @@ def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> disk.Lim
                        hard_override=cfg.disk.hard_limit)
 
 
-def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[disk.PreflightProblem]:
+def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[diskcheck.PreflightProblem]:
     fc = forecast_for(cfg, last_checkpoint_bytes)
     heavy = layout.heavy_paths(cfg)
     link = layout.project_root / "runs"
     if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
         # Not created yet (check, or the first preflight pass): judge where it will point.
         heavy["<project_root>/runs"] = layout.runs
-    return disk.preflight(
+    return diskcheck.preflight(
         ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
         need_bytes=fc.total, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
         forbid_same_fs=cfg.disk.forbid_same_fs,
     )
 
 
-def real_stack_problems(cfg: Config, values: Mapping[str, str]) -> list[disk.PreflightProblem]:
+def real_stack_problems(cfg: Config, values: Mapping[str, str]) -> list[diskcheck.PreflightProblem]:
     """The files the real stack needs before any GPU work (``[preflight] must_exist``)."""
-    out: list[disk.PreflightProblem] = []
+    out: list[diskcheck.PreflightProblem] = []
     for what, template in cfg.preflight.must_exist.items():
         path = Path(template.format_map(dict(values)))
         if not path.exists():
             fix = cfg.preflight.convert_hint if what == "ref_load" and cfg.preflight.convert_hint else \
                 f"create it, or set the path in {cfg.source} [vars]/[preflight]"
-            out.append(disk.PreflightProblem(f"{what} is missing", str(path), fix))
+            out.append(diskcheck.PreflightProblem(f"{what} is missing", str(path), fix))
     return out
 
 
@@ -72,15 +73,15 @@ def tmpdir_too_long(value: str) -> bool:
     return len(value) + SOCKET_ROOM > AF_UNIX_PATH_MAX
 
 
-def tmpdir_problems(cfg: Config, layout: Layout, values: Mapping[str, str]) -> list[disk.PreflightProblem]:
+def tmpdir_problems(cfg: Config, layout: Layout, values: Mapping[str, str]) -> list[diskcheck.PreflightProblem]:
     """Every configured TMPDIR/TMP/TEMP/RAY_TMPDIR a child would get that is too long for an
     AF_UNIX socket under it: the layout's child environment, and each stage's ``env``,
     ``server_env`` and the Ray job's ``runtime_env`` (which override the layout's short link)."""
-    out: list[disk.PreflightProblem] = []
+    out: list[diskcheck.PreflightProblem] = []
     limit = AF_UNIX_PATH_MAX - SOCKET_ROOM
     for key, value in layout.child_env(cfg, base={}).items():
         if key in TMPDIR_KEYS and tmpdir_too_long(value):
-            out.append(disk.PreflightProblem(
+            out.append(diskcheck.PreflightProblem(
                 f"{key} for every child is {len(value)} characters, too long for a unix socket under it "
                 f"(at most {limit})", value,
                 f"shorten storage.ephemeral_root or campaign.name/experiment in {cfg.source}"))
@@ -93,7 +94,7 @@ def tmpdir_problems(cfg: Config, layout: Layout, values: Mapping[str, str]) -> l
         except (KeyError, IndexError, ValueError):
             value = template
         if tmpdir_too_long(value):
-            out.append(disk.PreflightProblem(
+            out.append(diskcheck.PreflightProblem(
                 f"{dotted} is too long for a unix socket under it ({len(value)} characters, at most {limit}; "
                 "Megatron's checkpoint save would fail with 'AF_UNIX path too long')",
                 f"{cfg.source}:{dotted} = {value}",
@@ -106,4 +107,4 @@ def df_text(cfg: Config, layout: Layout) -> str:
     paths = {"repo": layout.repo}
     if layout.ephemeral_root.exists():
         paths["volume"] = layout.ephemeral_root
-    return disk.df_summary(paths)
+    return diskcheck.df_summary(paths)

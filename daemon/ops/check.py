@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
 from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.disk import PreflightProblem
+from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.foundation.layout import Layout

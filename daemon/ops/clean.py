@@ -15,7 +15,7 @@ Every candidate is refused (listed, never touched) unless its realpath lies stri
 realpath(campaign root), is not the shared cache (or above or below it), does not contain a
 path that must stay (the experiment dir, its logs, artifacts and runs, the state dir, the
 repo), and belongs to the campaign root's owner. Deletion goes through
-:func:`shoprld.daemon.foundation.disk.clear_dir_contents`, which walks by directory fd without
+:func:`shoprld.daemon.foundation.reclaim.clear_dir_contents`, which walks by directory fd without
 following symlinks and never enters another filesystem. Logs, decision records, the small
 ``runs/`` files, the ledger and the state dir are kept.
 
@@ -39,7 +39,8 @@ from typing import TextIO
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import clear_dir_contents, human_bytes
+from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.ops.oneshot import (

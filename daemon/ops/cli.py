@@ -235,7 +235,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.status import run_status  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.foundation.statusview import run_status  # lazy: the status path stays on the stdlib
 
     return run_status(Path(args.config), as_json=args.json, watch=args.watch, interval=args.interval)
 

@@ -48,7 +48,8 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger
 from shoprld.daemon.foundation.paths import quick_read
 from shoprld.daemon.foundation.secrets import load_secrets
-from shoprld.daemon.foundation.status import collect, fmt_bytes, fmt_duration
+from shoprld.daemon.foundation.status import collect
+from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
 from shoprld.daemon.foundation.store import atomic_write
 
 INSTALL_HINT = "pip install 'shoprld[report]'"

@@ -167,7 +167,7 @@ def test_deadline_check_uses_the_median_round_duration() -> None:
 
 def test_status_view_shows_time_left_and_the_stop_conditions() -> None:
     """A running campaign's status reads "stop condition not yet met: r/R rounds, <time> left"."""
-    from shoprld.daemon.foundation.status import render_plain, view
+    from shoprld.daemon.foundation.statusview import render_plain, view
 
     now = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()
     snap = {"campaign": "demo", "state": "TRAIN", "round": 3, "rounds": 5, "rounds_done": [],

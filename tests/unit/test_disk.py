@@ -15,19 +15,19 @@ import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation import disk, diskcheck, reclaim
 from shoprld.daemon.foundation.disk import (
     DiskSample,
     GiB,
     Guard,
     Level,
     Limits,
-    PreflightProblem,
     forecast,
     is_enospc,
     limits,
     log_says_enospc,
 )
+from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import DiskEvents
@@ -272,7 +272,7 @@ def test_preflight_problem_is_one_line() -> None:
 
 def test_df_summary_has_a_row_per_path_and_aligned_columns(tmp_path: Path) -> None:
     """df_summary prints a header and one aligned row per label, including a missing path."""
-    text = disk.df_summary({"repo": Path("/"), "volume": tmp_path / "missing"})
+    text = diskcheck.df_summary({"repo": Path("/"), "volume": tmp_path / "missing"})
     lines = text.splitlines()
     assert len(lines) == 3
     assert lines[0].split()[:3] == ["LABEL", "FILESYSTEM", "SIZE"]
@@ -381,11 +381,11 @@ def test_clear_dir_contents_refuses_outside_within(tmp_path: Path) -> None:
     (camp / "exp" / "sneaky").symlink_to(other)
     for d in (camp, other, camp / "exp" / "sneaky", camp / ".." / "shared-cache"):
         with pytest.raises(ValueError, match="refusing"):
-            disk.clear_dir_contents(d, within=camp)
+            reclaim.clear_dir_contents(d, within=camp)
     assert (other / "keep").exists()
 
 
 def test_clear_dir_contents_of_a_missing_dir_frees_nothing(tmp_path: Path) -> None:
     """A campaign tmp dir that was never created frees 0 bytes and is fine."""
-    assert disk.clear_dir_contents(tmp_path / "exp" / "tmp", within=tmp_path) == 0
-    assert disk.reclaimable_tmp(tmp_path / "exp" / "tmp") == 0
+    assert reclaim.clear_dir_contents(tmp_path / "exp" / "tmp", within=tmp_path) == 0
+    assert reclaim.reclaimable_tmp(tmp_path / "exp" / "tmp") == 0

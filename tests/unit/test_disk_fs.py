@@ -11,8 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
-from shoprld.daemon.foundation import disk
-from shoprld.daemon.foundation.disk import Ballast, Guard, Limits, is_enospc, preflight
+from shoprld.daemon.foundation import disk, diskcheck, reclaim
+from shoprld.daemon.foundation.ballast import Ballast
+from shoprld.daemon.foundation.disk import Guard, Limits, is_enospc
+from shoprld.daemon.foundation.diskcheck import preflight
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import (  # noqa: F401  (fixtures "loop_ext4", "tmpfs")
@@ -51,7 +53,7 @@ def fill(path: Path, leave_bytes: int = 0, chunk: int = MiB) -> None:
         os.close(fd)
 
 
-def no_problems_but(problems: list[disk.PreflightProblem], what: str) -> str:
+def no_problems_but(problems: list[diskcheck.PreflightProblem], what: str) -> str:
     """Assert exactly one problem, starting with `what`; return its line."""
     lines = [p.line() for p in problems]
     assert len(lines) == 1, lines
@@ -60,7 +62,7 @@ def no_problems_but(problems: list[disk.PreflightProblem], what: str) -> str:
     return lines[0]
 
 
-def check(root: Path, **kw: Any) -> list[disk.PreflightProblem]:
+def check(root: Path, **kw: Any) -> list[diskcheck.PreflightProblem]:
     """preflight() with test defaults: the real repo, no heavy paths, no needs."""
     args: dict[str, Any] = {"ephemeral_root": root, "repo": REPO, "heavy_paths": {}, "need_bytes": 0, "need_inodes": 0}
     return preflight(**(args | kw))
@@ -383,7 +385,7 @@ def test_preflight_passes_a_good_ext4_reached_through_a_symlink(loop_ext4: Mount
 def test_df_summary_shows_the_volume_and_the_repo(tmpfs: Mount) -> None:
     """df_summary names the tmpfs source, its size and its mount point beside the repo."""
     root = tmpfs("20m", nr_inodes=1000)
-    lines = disk.df_summary({"repo": REPO, "volume": root}).splitlines()
+    lines = diskcheck.df_summary({"repo": REPO, "volume": root}).splitlines()
     assert len(lines) == 3
     vol = lines[2].split()
     assert vol[:3] == ["volume", MOUNT_SOURCE, "(tmpfs)"]
@@ -408,8 +410,8 @@ def test_clear_dir_contents_empties_tmp_but_not_link_targets_or_mounts(tmpfs: Mo
     free_before = disk.sample(root).free_bytes
     with mount_tmpfs("1m", base=tmp) as nested:
         (nested / "other-fs").write_text("x")
-        assert disk.reclaimable_tmp(tmp) == 3 * MiB
-        assert disk.clear_dir_contents(tmp, within=root / "camp") == 3 * MiB
+        assert reclaim.reclaimable_tmp(tmp) == 3 * MiB
+        assert reclaim.clear_dir_contents(tmp, within=root / "camp") == 3 * MiB
         assert [p.name for p in tmp.iterdir()] == [nested.name]
         assert (nested / "other-fs").exists()
     assert tmp.is_dir() and (keep / "iter_0000020").stat().st_size == MiB

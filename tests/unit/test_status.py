@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation import status
+from shoprld.daemon.foundation import status, statusview
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation import store
 from shoprld.daemon.foundation.store import PID_FILE, STATUS_FILE
@@ -213,7 +213,7 @@ def test_file_names_match_the_store() -> None:
 
 
 def human(out: dict[str, Any], now: float = NOW) -> str:
-    return status.render_plain(status.view(out, now))
+    return statusview.render_plain(statusview.view(out, now))
 
 
 def test_human_view_mid_campaign() -> None:
@@ -275,7 +275,7 @@ def test_human_view_never_started(campaign: tuple[Path, Path]) -> None:
 def test_human_view_plain_ascii_when_the_stream_is_not_utf8() -> None:
     """A non-UTF-8 stream gets an ASCII bar."""
     out = dict(snapshot(), daemon={"alive": True, "pid": 1})
-    assert "##########" in status.render_plain(status.view(out, NOW, unicode=False))
+    assert "##########" in statusview.render_plain(statusview.view(out, NOW, unicode=False))
 
 
 _values = st.recursive(
@@ -294,24 +294,24 @@ def test_human_view_never_raises_on_a_malformed_snapshot(garbage: dict[str, Any]
     from rich.console import Console
 
     merged = {**snapshot(), **garbage}
-    items = status.view(merged, NOW)
-    assert status.render_plain(items)
+    items = statusview.view(merged, NOW)
+    assert statusview.render_plain(items)
     console = Console(file=io.StringIO(), width=100)
-    console.print(status.render_rich(items, console))
+    console.print(statusview.render_rich(items, console))
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (42.4, "42s"), (185, "3m05s"), (725, "12m"),
                                                (22_320, "6h12m"), (183_600, "2d03h"), (None, "?")])
 def test_fmt_duration(seconds: float | None, text: str) -> None:
     """Durations use two units at most."""
-    assert status.fmt_duration(seconds) == text
+    assert statusview.fmt_duration(seconds) == text
 
 
 @pytest.mark.parametrize(("n", "text"), [(512, "512 B"), (1536, "1.5 KiB"), (56_800_000_000, "52.9 GiB"),
                                          (612 * 1024**3, "612 GiB"), (2 * 1024**4, "2.0 TiB")])
 def test_fmt_bytes(n: int, text: str) -> None:
     """Sizes use binary units, one decimal below 100."""
-    assert status.fmt_bytes(n) == text
+    assert statusview.fmt_bytes(n) == text
 
 
 # -- terminals and --watch --------------------------------------------------------------------
