@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.bundles import causes_of_round
 from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row
 from shoprld.daemon.round.machine import State
@@ -103,8 +104,8 @@ def _retention(ctx: RoundContext) -> None:
     """Keep the finals of the last ``disk.keep_finals`` rounds (this one's included; upstream
     keeps one), delete the older complete checkpoints of this campaign."""
     scan = ckpt.scan(ctx.layout.save_dir)
-    keep = ckpt.keep_set(scan, ctx.mapping, round=ctx.round, finished=True, keep_finals=ctx.cfg.disk.keep_finals)
-    doomed, freed = ckpt.retain(scan, keep, save_dir=ctx.layout.save_dir, trainer_running=False)
+    keep = retention.keep_set(scan, ctx.mapping, round=ctx.round, finished=True, keep_finals=ctx.cfg.disk.keep_finals)
+    doomed, freed = retention.retain(scan, keep, save_dir=ctx.layout.save_dir, trainer_running=False)
     if doomed:
         ctx.emit("retention.applied", deleted=[c.iteration for c in doomed], bytes=freed)
 

@@ -30,6 +30,7 @@ import anyio
 
 from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
 from shoprld.daemon.round import saves
 from shoprld.daemon.services.commands import port_mismatches
@@ -223,21 +224,21 @@ def _repair_tracker(ctx: RoundContext) -> None:
         return
     good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
     now = good[-1].iteration if good else None
-    ckpt.point_tracker(save, now, set_aside_as=f"torn-{int(ctx.clock.time())}")
+    retention.point_tracker(save, now, set_aside_as=f"torn-{int(ctx.clock.time())}")
     ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=now)
     _prune_partials(ctx)
 
 
 def _point_tracker(ctx: RoundContext, *, was: int | None, now: int) -> None:
     """Point Megatron's tracker at iteration ``now`` (atomically; only while no trainer runs)."""
-    ckpt.point_tracker(ctx.layout.save_dir, now)
+    retention.point_tracker(ctx.layout.save_dir, now)
     ctx.emit("checkpoint.tracker_repaired", was=was, now=now)
 
 
 def _prune_partials(ctx: RoundContext) -> None:
     """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
     scan = ckpt.scan(ctx.layout.save_dir)
-    ckpt.retain(scan, {c.iteration for c in scan.checkpoints if c.complete}, save_dir=ctx.layout.save_dir,
+    retention.retain(scan, {c.iteration for c in scan.checkpoints if c.complete}, save_dir=ctx.layout.save_dir,
                 trainer_running=False)
 
 

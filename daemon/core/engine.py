@@ -48,6 +48,7 @@ from shoprld.states import (
 
 from shoprld.daemon.foundation import causes
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation import disk as diskmod
 from shoprld.daemon.round import saves
 from shoprld.daemon.services import hygiene
@@ -592,8 +593,8 @@ class Engine:
         export = base.read_json(self.layout.artifacts / "export" / f"{base.round_id(self.round)}.json") or {}
         exported = export.get("iteration") if isinstance(export.get("iteration"), int) else None
         # Under pressure: only the previous round's final (keep_finals=1), not the configured finals.
-        keep = ckpt.keep_set(scan, m, round=self.round, finished=False, keep_finals=1, export_iteration=exported)
-        doomed, freed = ckpt.retain(scan, keep, save_dir=self.layout.save_dir, trainer_running=trainer_running)
+        keep = retention.keep_set(scan, m, round=self.round, finished=False, keep_finals=1, export_iteration=exported)
+        doomed, freed = retention.retain(scan, keep, save_dir=self.layout.save_dir, trainer_running=trainer_running)
         if self.layout.tmp.exists():
             freed += clear_dir_contents(self.layout.tmp, within=self.layout.exp_dir)
         if freed:

@@ -17,7 +17,7 @@ import anyio
 import structlog
 from anyio.abc import ObjectSendStream
 
-from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import ckptwatch
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.core.control import ControlServer
 from shoprld.daemon.foundation.errors import ShoprldError
@@ -66,8 +66,8 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
 async def checkpoint_commits(save_dir: Path, cfg: Config, send: ObjectSendStream[Event], *,
                              task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """The checkpoint watcher's events (logged here) -> :class:`CheckpointSeen`."""
-    watcher = ckpt.CheckpointWatcher(save_dir, mode=cfg.train.watch, poll_interval=cfg.train.poll_interval,
-                                     rescan_interval=cfg.train.rescan_interval)
+    watcher = ckptwatch.CheckpointWatcher(save_dir, mode=cfg.train.watch, poll_interval=cfg.train.poll_interval,
+                                          rescan_interval=cfg.train.rescan_interval)
 
     async def emit(ev: dict[str, Any]) -> None:
         log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TextIO
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.reclaim import clear_dir_contents
@@ -67,7 +68,7 @@ class Doomed:
     path: Path
     what: str
     bytes: int
-    mode: str  # "tree" | "contents" | "file" | "checkpoint" (an iter_N dir: checkpoints.py deletes it)
+    mode: str  # "tree" | "contents" | "file" | "checkpoint" (an iter_N dir: retention.py deletes it)
 
 
 @dataclass
@@ -228,12 +229,12 @@ def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
     for item in plan.items:
         real = Path(os.path.realpath(item.path))
         try:
-            if item.mode == "checkpoint":  # checkpoints.py alone deletes checkpoints (trash-renamed first)
+            if item.mode == "checkpoint":  # retention.py alone deletes checkpoints (trash-renamed first)
                 if not strictly_inside(str(real), os.path.realpath(guard_root)):
                     raise ValueError(f"{item.path}: resolves outside the campaign root")
                 if not os.path.lexists(item.path):
                     continue
-                ckpt.delete_iter_dir(item.path)
+                retention.delete_iter_dir(item.path)
                 if os.path.lexists(item.path):
                     raise OSError("still there (see checkpoint.delete_refused/delete_failed in the log)")
                 freed += item.bytes

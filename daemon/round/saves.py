@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation import disk
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
@@ -346,7 +347,7 @@ def describe(choice: SaveChoice) -> str:
 
 def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:
     """After a save lands in TRAIN: delete the round's older saves (retention keeps the newest
-    save of the round plus the finals earlier rounds left; ``checkpoints.keep_while_training``),
+    save of the round plus the finals earlier rounds left; ``retention.keep_while_training``),
     so mid-round saves cost one checkpoint's room, the one the disk forecast counts.
 
     Synchronous, as the engine's other deletions: a few large files, and no await between a
@@ -356,8 +357,8 @@ def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[lis
     retraining in that rare case, never a wrong checkpoint."""
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     scan = ckpt.scan(layout.save_dir)
-    doomed, freed = ckpt.retain(scan, ckpt.keep_while_training(scan, m, round_index), save_dir=layout.save_dir,
-                                trainer_running=True)
+    keep = retention.keep_while_training(scan, m, round_index)
+    doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=True)
     return [c.iteration for c in doomed], freed
 
 

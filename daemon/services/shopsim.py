@@ -44,6 +44,7 @@ import anyio
 import httpx
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import StageFailed
 from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
@@ -215,7 +216,7 @@ class ShopsimService:
         save = plan.layout.save_dir
         safe = witness.get("iteration")
         scan = ckpt.scan(save)
-        doomed = ckpt.outage_suspects(scan, safe)
+        doomed = retention.outage_suspects(scan, safe)
         used = [c.iteration for c in doomed if _export_used(plan, c.iteration)]
         self._outage = False
         if used:
@@ -228,7 +229,7 @@ class ShopsimService:
             return False
         host.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
                   reason="saved after ShopSim was last seen alive: may hold a partial rollout")
-        done = ckpt.roll_back_to(save, safe, now=host.clock.time())  # checkpoints.py deletes, not us
+        done = retention.roll_back_to(save, safe, now=host.clock.time())  # retention.py deletes, not us
         # What is retrained from here must be witnessed again, by the next live ShopSim.
         self._witness(done.resume)
         return True

@@ -112,7 +112,8 @@ if [ "${SMOKE_PREFLIGHT:-1}" = 1 ]; then
 import json, os, re, sys
 from pathlib import Path
 pf, opt, rc, repo = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-from shoprld.daemon.foundation.checkpoints import deep_verify, scan
+from shoprld.daemon.foundation.checkpoints import scan
+from shoprld.daemon.foundation.deepverify import deep_verify
 from shoprld.daemon.foundation import hfexport
 sys.path.insert(0, os.path.join(repo, "run", "demo"))
 import _common

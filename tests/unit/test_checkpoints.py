@@ -20,18 +20,20 @@ from shoprld.daemon.foundation.checkpoints import (
     IterationMapping,
     Scan,
     Tracker,
-    deep_verify,
-    delete_checkpoints,
-    delete_iter_dir,
-    detect_watch_mode,
     is_complete,
     iter_dir,
-    keep_set,
     read_tracker,
+    scan,
+)
+from shoprld.daemon.foundation.ckptwatch import detect_watch_mode
+from shoprld.daemon.foundation.deepverify import deep_verify
+from shoprld.daemon.foundation.retention import (
+    delete_checkpoints,
+    delete_iter_dir,
+    keep_set,
     retain,
     retention_plan,
     roll_back_to,
-    scan,
 )
 from shoprld.daemon.foundation.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
 

@@ -24,7 +24,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, delete_checkpoints, read_tracker, retention_plan, scan
+from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, read_tracker, scan
+from shoprld.daemon.foundation.retention import delete_checkpoints, retention_plan
 
 NAMES = st.one_of(
     st.integers(0, 60).map(lambda n: f"iter_{n:07d}"),

@@ -17,7 +17,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, CheckpointWatcher, ObserverLike, iter_dir
+from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, iter_dir
+from shoprld.daemon.foundation.ckptwatch import CheckpointWatcher, ObserverLike
 
 pytestmark = pytest.mark.root
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from shoprld.daemon.round import saves
 from shoprld.daemon.ops.check import run_check
-from shoprld.daemon.foundation.checkpoints import IterationMapping, keep_while_training, retention_plan, scan
+from shoprld.daemon.foundation.checkpoints import IterationMapping, scan
+from shoprld.daemon.foundation.retention import keep_while_training, retention_plan
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
