@@ -31,7 +31,7 @@ from shoprld.daemon.core.snapshot import Snapshot
 
 log = structlog.get_logger("shoprld.engine")
 
-Apply = Callable[[State, Ending], Awaitable["int | None"]]
+Apply = Callable[[State, Ending], Awaitable[int | None]]
 
 
 class StopRequest:
