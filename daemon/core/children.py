@@ -1,10 +1,11 @@
 """The daemon's children: those it runs (recorded in state.json) and those a crashed daemon
 left behind (adoptable), found, adopted and stopped in one order.
 
-Every child runs in its own session and carries this campaign's ``SHOPRLD_CHILD`` tag, so a
-restarted daemon finds a child even when the crash lost its record. A round state adopts
-the roles it names (``ADOPTS``); the others are stopped before it runs. At the end the
-trainer stops first: it holds the GPUs and writes the volume.
+Every child runs in its own session and carries this campaign's ``SHOPRLD_CHILD`` tag (the
+engine launches through :class:`TaggingLauncher`, which adds it), so a restarted daemon
+finds a child even when the crash lost its record. A round state adopts the roles it names
+(``ADOPTS``); the others are stopped before it runs. At the end the trainer stops first: it
+holds the GPUs and writes the volume.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import structlog
 
 from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.round.plan import RoundValues
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from shoprld.daemon.services.shopsim import ShopsimService
 
@@ -125,6 +127,24 @@ class Children:
         """A second SIGINT while stopping: SIGKILL every running child's group at once."""
         for child in list(self.running.values()):
             child.signal_group(signal.SIGKILL)
+
+
+class TaggingLauncher:
+    """Wraps a launcher so every child carries this campaign's tag in its environment."""
+
+    def __init__(self, inner: Launcher, tag: str) -> None:
+        self._inner, self._tag = inner, tag
+
+    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
+                    round: RoundValues | None = None) -> Child:
+        tag = f"{self._tag}|{role}"
+        child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,
+                                        redacted_argv=redacted_argv, round=round)
+        child.record.tag = tag
+        return child
+
+    def adopt(self, record: ChildRecord) -> Child | None:
+        return self._inner.adopt(record)
 
 
 def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:

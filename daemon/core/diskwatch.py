@@ -1,7 +1,8 @@
 """The campaign's volume as the engine sees it. disk.py judges (one rule, one hysteresis);
 this module wires that judge to a campaign: the guard the monitor feeds, limits that follow
 the measured checkpoint size, what status shows of the last sample, the verdict after a
-reclaim, an ENOSPC a stage met, and the wait for space while parked.
+reclaim, an ENOSPC a stage met, and the wait for space while parked; and the reclaim itself:
+what this campaign may delete under pressure (checkpoints.py deletes, by its keep-set).
 """
 
 from __future__ import annotations
@@ -11,8 +12,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation import disk
+import structlog
+
+from shoprld.states import base
+
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import disk, retention
+from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import DiskSection
+from shoprld.daemon.foundation.reclaim import clear_dir_contents
+from shoprld.daemon.foundation.layout import Layout
+
+log = structlog.get_logger("shoprld.engine")
 
 
 class DiskWatch:
@@ -73,3 +84,20 @@ class DiskWatch:
                        "level": guard.level.name.lower(), "sampled_at": time.time()})
 
         await disk.monitor(self.root, guard, emit, interval=cfg.interval)
+
+
+def reclaim(cfg: Config, layout: Layout, round: int, *, trainer_running: bool) -> int:
+    """Delete what this campaign may: checkpoints outside retention, partials (only when no
+    trainer runs), and the campaign's own tmp. Never the shared cache or other campaigns."""
+    scan = ckpt.scan(layout.save_dir)
+    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
+    export = base.read_json(layout.artifacts / "export" / f"{base.round_id(round)}.json") or {}
+    exported = export.get("iteration") if isinstance(export.get("iteration"), int) else None
+    # Under pressure: only the previous round's final (keep_finals=1), not the configured finals.
+    keep = retention.keep_set(scan, m, round=round, finished=False, keep_finals=1, export_iteration=exported)
+    doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=trainer_running)
+    if layout.tmp.exists():
+        freed += clear_dir_contents(layout.tmp, within=layout.exp_dir)
+    if freed:
+        log.info("disk.reclaimed", bytes=freed, deleted=[c.iteration for c in doomed])
+    return freed

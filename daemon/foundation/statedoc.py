@@ -49,7 +49,7 @@ class PreviousDoc(_Doc):
 
 
 class StateDoc(_Doc):
-    """What ``Engine._state_doc`` writes (``schema`` is added by ``Store.save``)."""
+    """What ``Snapshot.state_doc`` (daemon/core/snapshot.py) writes (``schema`` is added by ``Store.save``)."""
 
     campaign: str | None = None
     first_start: float | None = None

@@ -221,7 +221,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from shoprld.daemon.core.engine import run_campaign  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.run import run_campaign  # lazy: the status path stays on the stdlib
 
     return run_campaign(Path(args.config), debug=args.debug, wait_for_space=args.wait_for_space,
                         adopt_state=args.adopt_state, verbose=args.verbose)

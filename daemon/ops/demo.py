@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shoprld.daemon.core.engine import run_campaign
+from shoprld.daemon.ops.run import run_campaign
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.roundlog import read as read_rounds
 from shoprld.daemon.round.plan import demo_dir

@@ -25,7 +25,7 @@ flat; ``rounds_done`` (one small dict per round, kept in memory) is the one in-m
 that grows with the round count, so a small RSS slope from it is reported, not hidden.
 
 ``--replay N`` measures the persistence alone, in seconds rather than hours: the real engine's
-own code (``Engine._transition`` for the six transitions of each round, ``Engine._round_finished``
+own code (``Engine._transition`` for the six transitions of each round, ``Progress.round_finished``
 at its end) writes what an N-round campaign's transitions and rounds write, with no children;
 it reports the journal, state.json and status.json bytes, the total bytes written per round
 and ``Store.load()``'s time at the end. The stages' own journal lines (spawns, checkpoints) are
@@ -135,7 +135,7 @@ def replay(work: Path, rounds: int) -> dict[str, Any]:
         engine._transition(src, State.TRAIN, ADVANCE.get(src, "next_round"))
         for a, b in zip(ROUND_STATES, ROUND_STATES[1:]):
             engine._transition(a, b, ADVANCE[a])
-        engine._round_finished()
+        engine.progress.round_finished()
         # Bytes written this round: the appends' growth plus every rewrite of the whole files.
         written += sum(size(state_dir / f) - before[f] for f in ("journal.jsonl", "rounds.jsonl"))
         written += 7 * (size(state_dir / "state.json") + size(state_dir / "status.json"))

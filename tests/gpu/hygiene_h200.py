@@ -7,7 +7,7 @@ Run on a GPU machine (the lent H200: see run/gpu-smoke/README.md) from the repo 
 
 1. **Ours.** A "stage" is started the way the engine starts every child: by
    :class:`~shoprld.daemon.services.processes.LocalLauncher` in a session of its own, with the campaign
-   tag ``SHOPRLD_CHILD=<state_dir>|trainer`` in its environment (what ``engine._TaggingLauncher``
+   tag ``SHOPRLD_CHILD=<state_dir>|trainer`` in its environment (what ``children.TaggingLauncher``
    adds). The stage starts a torch process that allocates ``--gib`` GiB on GPU 0, then exits: the
    torch process is orphaned, like an SGLang scheduler that outlives its job. The hygiene step
    (:func:`shoprld.daemon.services.gpus.make_free`, the real NVML probe) must find it, stop it and report

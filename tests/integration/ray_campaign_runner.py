@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shoprld.daemon.core import engine as engine_mod
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.ops.run import run_campaign
 from shoprld.daemon.services.ray import build_launcher
 
 
@@ -21,7 +21,7 @@ def main() -> int:
     path = Path(sys.argv[1])
     cfg = load_config(path)
     layout = Layout.from_config(cfg)
-    return engine_mod.run_campaign(path, launcher=build_launcher(cfg, layout))
+    return run_campaign(path, launcher=build_launcher(cfg, layout))
 
 
 if __name__ == "__main__":

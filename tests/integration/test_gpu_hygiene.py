@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from shoprld.daemon.services import gpus
-from shoprld.daemon.core.engine import _TaggingLauncher
+from shoprld.daemon.core.children import TaggingLauncher as _TaggingLauncher
 from shoprld.daemon.services.gpus import GpuProcess, Owners
 from shoprld.daemon.services.processes import CHILD_TAG, LocalLauncher, pid_alive
 from tests.demotree import journal, kill_tree_leftovers, make_tree, run_daemon

@@ -1,0 +1,204 @@
+"""The engine's view of the campaign, and the one way it is written down.
+
+Two dicts make the view: ``state_data`` (what state.json keeps besides the machine's state
+and round: first start, starts, the deadline, the restart and stall counters) and ``snap``
+(what status.json shows: step, ETA, the last checkpoint, the disk sample, rounds done, the
+last error and failure). The engine and its collaborators update them; this module turns
+them into the journal's lines (``journal``), state.json (``persist``, through the store,
+journal first), status.json plus the metrics textfile (``write_status``), and the
+operator's notifications about now (``alert``: the view's round, state and last failure
+ride along). It writes nothing itself: every file goes through the store
+(daemon/foundation/store.py), the metrics writer (daemon/core/metrics.py) or alerts.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.configvalues import resolve_deadline
+from shoprld.daemon.foundation.preflight import forecast_for
+from shoprld.daemon.foundation.roundlog import STATUS_RECENT_ROUNDS
+from shoprld.daemon.foundation.secrets import Redactor
+from shoprld.daemon.foundation.store import Store
+from shoprld.daemon.core.alerts import Alerts
+from shoprld.daemon.core.metrics import TextfileMetrics
+from shoprld.daemon.core.planning import Plan, make_plan
+from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Machine, State
+from shoprld.daemon.services.processes import Child, Clock
+from shoprld.daemon.services.shopsim import ShopsimService
+
+log = structlog.get_logger("shoprld.engine")
+
+
+class Snapshot:
+    """``state_data`` and ``snap`` (filled once by :meth:`load`, never replaced), the journal's
+    sequence number, and their writers. ``cfg`` and ``round`` are read at each use: a SIGHUP
+    replaces the engine's config, and every decision its counters."""
+
+    def __init__(self, store: Store, redactor: Redactor, *, cfg: Callable[[], Config], machine: Machine,
+                 round: Callable[[], int], children: Mapping[str, Child], shopsim: ShopsimService, clock: Clock,
+                 metrics: TextfileMetrics | None, alerts: Alerts) -> None:
+        self.store, self.redactor, self._cfg, self.machine, self._round = store, redactor, cfg, machine, round
+        self.children, self.shopsim, self.clock, self.metrics, self.alerts = children, shopsim, clock, metrics, alerts
+        self.state_data: dict[str, Any] = {}
+        self.snap: dict[str, Any] = {}
+        self.seq = 0
+        self.hygiene_warnings: list[str] = []  # the repo hygiene guard's current findings
+        self.round_started_at: float | None = None  # the current round's (round/round-NNN.json)
+        self._last_status_write = 0.0
+        self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
+
+    def load(self, save_dir: Path) -> dict[str, Any]:
+        """Fill the view from the store (rebuilt from the journal when state.json is corrupt)
+        and the save dir; return what was persisted (empty on a first start)."""
+        cfg = self._cfg()
+        loaded = self.store.load()
+        data = loaded.state if loaded else {}
+        if loaded and loaded.warning:
+            log.warning("state.rebuilt", warning=loaded.warning, source=loaded.source)
+            self.store.append({"event": "state.rebuilt", "warning": loaded.warning})
+        for rec in loaded.unrecorded if loaded else []:  # an older state dir's rounds: recorded once
+            self.store.append_round(rec)
+        rounds = loaded.rounds if loaded else []
+        self.state_data.update({
+            "campaign": cfg.campaign.name, "first_start": data.get("first_start") or self.clock.time(),
+            "round_durations": {str(r["round"]): d for r in rounds if (d := num(r.get("duration_seconds"))) is not None},
+            "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
+            "previous": {"state": data.get("state"), "round": data.get("round")},
+            "deadline": data.get("deadline"),
+            "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
+                         "stalls": int((data.get("counters") or {}).get("stalls", 0))},
+        })
+        if data.get("state") in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
+            self.state_data["counters"]["restarts"] += 1
+        if self.state_data["deadline"] is None:
+            self.state_data["deadline"] = resolve_deadline(cfg.campaign.deadline, self.state_data["first_start"])
+        self.seq = self.state_data["seq"]
+        self.snap.update({
+            "campaign": cfg.campaign.name, "experiment": cfg.campaign.experiment,
+            "rounds": cfg.campaign.rounds, "steps_per_round": cfg.campaign.steps_per_round,
+            "step": 0, "step_seconds": None, "eta_seconds": None, "last_checkpoint": None, "disk": None,
+            "rounds_done": rounds, "last_error": None, "stop_reason": None,
+            "last_failure": data.get("last_failure"),
+            "warnings": [], "daemon": {"pid": os.getpid(), "started_at": time.time()},
+        })
+        last = ckpt.scan(save_dir).latest_complete
+        if last is not None:
+            self.snap["last_checkpoint"] = {"iteration": last.iteration, "path": str(last.path), "complete": True,
+                                            "bytes": last.bytes, "committed_at": last.committed_at}
+        return data
+
+    def checkpoint_bytes(self) -> int | None:
+        """The last committed checkpoint's measured size (None before the first)."""
+        return (self.snap.get("last_checkpoint") or {}).get("bytes") or None
+
+    def disk_sampled(self, line: dict[str, Any]) -> None:
+        self.snap["disk"] = line
+
+    def alert(self, event: str, text: str, *, failure: bool = True) -> None:
+        """Queue an operator notification about now; the last failure's cause rides along."""
+        lf = self.snap.get("last_failure") or {}
+        r = self._round()
+        mine = failure and lf.get("round") == r
+        self.alerts.post(event, text, round=r, state=self.machine.state.value if not mine else lf.get("state"),
+                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
+
+    def journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
+        self.seq += 1
+        # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
+        # a TRAIN event); a stage's own events name their state explicitly.
+        rec = {"event": event, "seq": self.seq, "round": self._round(), "state": self.machine.state.value, **fields}
+        disk = self.snap.get("disk")
+        if event in ("transition", "checkpoint.committed") and isinstance(disk, dict) and "free_bytes" not in rec:
+            rec["free_bytes"] = disk.get("free_bytes")  # the last sample: `shoprld report`'s free-disk series
+        if event == "transition":
+            rec["snapshot"] = self.state_doc()
+        self.store.append(rec, sync=sync)
+
+    def state_doc(self) -> dict[str, Any]:
+        """The snapshot (state.json, the journal's transitions): its size does not grow with the
+        rounds. The per-round facts are in rounds.jsonl, written once; the cursor counts them."""
+        return {
+            **{k: v for k, v in self.state_data.items() if k != "round_durations"},  # per round: rounds.jsonl
+            "state": self.machine.state.value, "round": self._round(), "seq": self.seq,
+            "children": {r: c.record.to_json() for r, c in self.children.items()},
+            "rounds_recorded": len(self.snap.get("rounds_done", [])), "stop_reason": self.snap.get("stop_reason"),
+            "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
+        }
+
+    def persist(self) -> None:
+        self.store.save(self.state_doc())
+        self.write_status(force=True)
+
+    def status_doc(self) -> dict[str, Any]:
+        cfg = self._cfg()
+        shop = {"url": cfg.shopsim.url, "healthy": self.shopsim.healthy, "free_slots": self.shopsim.free_slots,
+                "environment_slots": self.shopsim.environment_slots,
+                "slots": cfg.shopsim.slots, "checked_at": self.shopsim.checked_at}
+        children = [{"role": c.record.role, "pid": c.pid, "started_at": c.record.started_at, "log": c.record.log}
+                    for c in self.children.values()]
+        deadline = self.state_data.get("deadline")
+        warnings = [*self.snap.get("warnings", []), *self.hygiene_warnings]
+        served = self.shopsim.environment_slots
+        if served is not None and served != cfg.shopsim.slots:
+            warnings.append(f"shopsim at {cfg.shopsim.url} has {served} slots but shopsim.slots = "
+                            f"{cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
+        plan = self.plan()
+        warnings += [line for _, line in plan.problems()]
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
+                "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
+                                    "rounds": cfg.campaign.rounds, "deadline": deadline},
+                "updated_at": time.time()}
+
+    def write_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status_write < 0.5:
+            return
+        self._last_status_write = now
+        doc = self.status_doc()
+        self._warn_plan()
+        try:
+            # The newest rounds only: status.json keeps its size; `shoprld status` reads every
+            # round from rounds.jsonl (daemon/foundation/roundlog.py).
+            self.store.write_status({**doc, "rounds_done": doc["rounds_done"][-STATUS_RECENT_ROUNDS:]})
+        except OSError as exc:
+            log.warning("status.write_failed", error=str(exc))
+        if self.metrics is not None:
+            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+
+    def plan(self) -> Plan:
+        """The rest of the campaign (daemon/core/planning.py), from what the engine already knows."""
+        cfg = self._cfg()
+        disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
+        last = self.snap.get("last_checkpoint") or {}
+        in_round = self.machine.state in ROUND_STATES
+        return make_plan(
+            rounds=cfg.campaign.rounds, current=self._round(),
+            durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
+            round_started_at=self.round_started_at, now=self.clock.time(),
+            train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
+            deadline=self.state_data.get("deadline"), free_bytes=disk.get("free_bytes"),
+            hard_limit_bytes=disk.get("hard_limit_bytes"),
+            need_bytes=forecast_for(cfg, last.get("bytes") or None).total)
+
+    def _warn_plan(self) -> None:
+        """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
+        for reason, line in self.plan().problems():
+            if (self._round(), reason) in self._plan_warned:
+                continue
+            self._plan_warned.add((self._round(), reason))
+            log.warning("plan.next_round_wont_fit", reason=reason, message=line)
+            self.journal("plan.next_round_wont_fit", sync=False, reason=reason, message=line)
+
+
+def num(v: Any) -> float | None:
+    """``v`` as a float when it is a number (not a bool), else None."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

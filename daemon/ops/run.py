@@ -1,0 +1,52 @@
+"""``shoprld run``: load the campaign, refuse what ``check`` refuses, set up the logs, and
+run the engine (daemon/core/engine.py) until it returns the exit code.
+
+It touches nothing on disk itself before the engine locks the state dir: the config and
+``.env`` are only read, and the validation is the one ``check`` runs (issue 15).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.console import Campaign, terminal_mode
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.logs import configure, set_secrets
+from shoprld.daemon.foundation.secrets import load_secrets
+from shoprld.daemon.services.processes import Launcher
+from shoprld.daemon.services.validate import validate
+from shoprld.daemon.core.engine import Engine
+from shoprld.daemon.core.metrics import extras_problem
+
+
+def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
+                 launcher: Launcher | None = None, adopt_state: bool = False, verbose: bool = False) -> int:
+    """``shoprld run``: load, check secrets, configure logging, run the engine.
+
+    The console gets JSON lines when piped or under systemd, the compact view on a
+    terminal, and every event with ``verbose`` or ``debug`` (daemon/foundation/console.py).
+    """
+    cfg = load_config(config)
+    layout = Layout.from_config(cfg)
+    secrets = load_secrets(layout.env_file, extra_keys=cfg.required_secrets())
+    # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
+    # child starts (the same function: issue 15).
+    validate(cfg, layout)
+    set_secrets(secrets)
+    mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
+    secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        raise ConfigError(missing)
+    engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
+    code = anyio.run(engine.main)
+    if code and engine.final_message:
+        print(f"shoprld: {secrets.redact(engine.final_message)}", file=sys.stderr)
+    return code
