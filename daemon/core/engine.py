@@ -72,7 +72,7 @@ from shoprld.daemon.core.events import (
     StageOutcome,
     StopRequested,
 )
-from shoprld.daemon.foundation.logs import add_file_handler, configure, set_secrets
+from shoprld.daemon.foundation.logs import add_file_handler, configure
 from shoprld.daemon.round.machine import (
     RETRY,
     ROUND_STATES,
@@ -697,7 +697,7 @@ class Engine:
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""
-        add_file_handler(self.layout.logs / "shoprld.log")
+        add_file_handler(self.layout.logs / "shoprld.log", redactor=self.redactor)
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
             self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)
@@ -901,10 +901,12 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
     # child starts (the same function: issue 15).
     validate(cfg, layout)
-    set_secrets(secrets)
     mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    # The process's redactor is built here, from the loaded .env, and handed on: to the logs
+    # now, and (the engine's, from the same secrets) to the store, the notifier and the alerts.
     configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
-              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None,
+              redactor=secrets.redactor)
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
     missing = extras_problem(cfg.metrics.textfile)
     if missing:
