@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from shoprld.daemon.services.shopsim import ShopsimService
 
@@ -30,8 +31,8 @@ ADOPTED_GRACE_S = 10.0
 
 def grace_of(cfg: Config, role: str) -> float:
     """How long ``role`` gets between SIGTERM and SIGKILL."""
-    return {"trainer": cfg.train.grace, "shopsim": cfg.shopsim.grace, "val_server": cfg.val.server_grace,
-            "sidecar": cfg.sidecar.grace}.get(role, ADOPTED_GRACE_S)
+    return {ChildRole.TRAINER: cfg.train.grace, ChildRole.SHOPSIM: cfg.shopsim.grace,
+            ChildRole.VAL_SERVER: cfg.val.server_grace, ChildRole.SIDECAR: cfg.sidecar.grace}.get(role, ADOPTED_GRACE_S)
 
 
 class Children:
@@ -92,7 +93,7 @@ class Children:
         """Stop the children a crashed daemon left that the starting round state will not adopt
         (ShopSim is always adopted)."""
         for role in list(self.adoptable):
-            if role == "shopsim" or role in adopts:
+            if role == ChildRole.SHOPSIM or role in adopts:
                 continue
             rec = self.adoptable.pop(role)
             child = self.launcher.adopt(rec)
@@ -105,9 +106,9 @@ class Children:
         """Stop every child (trainer first). ShopSim vouches for the checkpoints first (all
         the trainer saved ran against it) and is left running when it was not ours."""
         shopsim.closing = True
-        order = sorted(self.running.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
+        order = sorted(self.running.values(), key=lambda c: (c.record.role != ChildRole.TRAINER, c.record.role))
         for child in order:
-            if child.record.role == "shopsim":
+            if child.record.role == ChildRole.SHOPSIM:
                 vouch()
                 if shopsim.external:
                     continue

@@ -97,6 +97,7 @@ from shoprld.daemon.core.metrics import TextfileMetrics, extras_problem
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.planning import make_plan
 from shoprld.daemon.foundation.preflight import forecast_for
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher
 from shoprld.daemon.services.ray import build_launcher
 from shoprld.daemon.round.plan import RoundPlan, RoundValues, demo_dir
@@ -140,7 +141,7 @@ class _TaggingLauncher:
     def __init__(self, inner: Launcher, tag: str) -> None:
         self._inner, self._tag = inner, tag
 
-    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
+    async def start(self, role: ChildRole, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
                     round: RoundValues | None = None) -> Child:
         tag = f"{self._tag}|{role}"
         child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,
@@ -825,7 +826,7 @@ class Engine:
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self._journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
-            if fields.get("role") == "shopsim":
+            if fields.get("role") == ChildRole.SHOPSIM:
                 self._write_status(force=True)
 
     def _step_from_disk(self) -> int:
