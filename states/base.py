@@ -3,7 +3,7 @@
 Each module in ``states/`` defines exactly::
 
     STATE: State                         # which state it implements
-    ADOPTS: tuple[str, ...]              # child roles it may adopt after a daemon crash
+    ADOPTS: tuple[ChildRole, ...]        # child roles it may adopt after a daemon crash
     def completed(ctx) -> bool           # is this round's output on disk, matching its inputs?
     async def run(ctx) -> Outcome        # do the work through ctx's services; never touch the engine
 
@@ -29,6 +29,7 @@ from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.paths import round_id as round_id  # re-exported: stages and commands name it here
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child, Clock, Launcher, SystemClock
 from shoprld.daemon.round.plan import RoundPlan, RoundValues, read_json
 from shoprld.daemon.foundation.secrets import Secrets
@@ -190,7 +191,7 @@ class RoundContext:
         on disk and parses, else the problem."""
         curriculum = self.plan.next_runs_dir / "curriculum.json"
         if self.cfg.inject.command:
-            await self.run_tool("curriculum", self.cfg.inject.command, self.cfg.inject, state=state)
+            await self.run_tool(ChildRole.CURRICULUM, self.cfg.inject.command, self.cfg.inject, state=state)
         if read_json(curriculum) is None:
             return f"{curriculum}: not written by inject.command"
         return None
@@ -230,7 +231,7 @@ class RoundContext:
         """The child's environment: base (etiquette) + the spec's env + its secrets only."""
         return self.resolve().env(spec, extra, secrets)
 
-    async def start(self, role: str, template: Sequence[str], spec: ProcessSpec, *, state: State | str,
+    async def start(self, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *, state: State | str,
                     extra_env: Mapping[str, str] | None = None, secrets: Sequence[str] | None = None) -> Child:
         """Launch a child for this round (own session, log file) and register it. The values
         are resolved once, and the launcher gets them with the round (``round=``)."""
@@ -246,7 +247,7 @@ class RoundContext:
         self.emit("stage.spawn", role=role, pid=child.pid, argv=redacted)
         return child
 
-    async def spawn(self, plan: RoundPlan, role: str, template: Sequence[str], spec: ProcessSpec, *,
+    async def spawn(self, plan: RoundPlan, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *,
                     state: str, extra_env: Mapping[str, str] | None = None) -> Child:
         """The services' launch (``ServiceHost.spawn``): :meth:`start` for ``plan``'s round."""
         return await dataclasses.replace(self, plan=plan).start(role, template, spec, state=state,
@@ -256,7 +257,7 @@ class RoundContext:
         """Run through conda's own activation when the spec names a conda prefix."""
         return RoundValues.wrap(argv, spec)
 
-    async def run_tool(self, role: str, template: Sequence[str], spec: ProcessSpec, *, state: State | str,
+    async def run_tool(self, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *, state: State | str,
                        timeout: float | None = None, secrets: Sequence[str] | None = None) -> int | None:
         """Run a tool to completion (bounded by the spec's timeout); returns its exit status.
 

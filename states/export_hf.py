@@ -16,13 +16,14 @@ from pathlib import Path
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import hfexport
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.store import atomic_write_json
 
 from .base import Outcome, RoundContext
 
 STATE = State.EXPORT_HF
-ADOPTS: tuple[str, ...] = ()
+ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def _commit_time(ctx: RoundContext) -> float | None:
@@ -60,7 +61,7 @@ async def run(ctx: RoundContext) -> Outcome:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        await ctx.run_tool("exporter", spec.command, spec, state=STATE)
+        await ctx.run_tool(ChildRole.EXPORTER, spec.command, spec, state=STATE)
         converted = hfexport.verify(tmp)
         if not converted.ok:
             return Outcome.retry(f"converter output invalid: {converted.detail}")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.retry import may_retry
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.foundation.toolfiles import Analysis, GateResult, read_analysis, read_gate
 from shoprld.daemon.foundation.toolout import ToolOutputError
@@ -32,7 +33,7 @@ from shoprld.daemon.foundation.toolout import ToolOutputError
 from .base import Outcome, RoundContext
 
 STATE = State.GATE
-ADOPTS: tuple[str, ...] = ("analyze", "gate", "val_server")
+ADOPTS: tuple[ChildRole, ...] = (ChildRole.ANALYZE, ChildRole.GATE, ChildRole.VAL_SERVER)
 
 
 def completed(ctx: RoundContext) -> bool:
@@ -46,12 +47,12 @@ async def run(ctx: RoundContext) -> Outcome:
     analysis_dir = ctx.plan.analysis_dir
     gate_dir = ctx.plan.gate_dir
     if cfg.analyze_command:
-        await ctx.await_child("analyze", cfg.timeout)  # started by VAL (overlap), or left running
+        await ctx.await_child(ChildRole.ANALYZE, cfg.timeout)  # started by VAL (overlap), or left running
         if not (analysis_dir / "analysis_summary.json").is_file():
             problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before analyze")
             if problem:
                 return Outcome.retry(problem)
-            await ctx.run_tool("analyze", cfg.analyze_command, cfg, state="ANALYZE",
+            await ctx.run_tool(ChildRole.ANALYZE, cfg.analyze_command, cfg, state="ANALYZE",
                                secrets=cfg.analyze_secrets or cfg.secrets)
     analysis: Analysis | None = Analysis("ok", 0) if not cfg.analyze_command else None
     if cfg.analyze_command:
@@ -83,7 +84,7 @@ async def run(ctx: RoundContext) -> Outcome:
         if cfg.empty_analysis == "stop":
             return Outcome("gate_stop", f"{analysis.note()} for {ctx.round_id}; gate.empty_analysis = stop "
                            "(fix the analyst's key or ShopSim URL, then run again)")
-    await ctx.await_child("gate", cfg.timeout)  # a crashed daemon's gate, still running
+    await ctx.await_child(ChildRole.GATE, cfg.timeout)  # a crashed daemon's gate, still running
     gate_rc: int | None = 0
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
@@ -98,7 +99,7 @@ async def run(ctx: RoundContext) -> Outcome:
         if problem:
             return Outcome.retry(problem)
         server, restarts = ctx.val_server.child, ctx.shopsim.restarts
-        gate_rc = await ctx.run_tool("gate", cfg.command, cfg, state=STATE)
+        gate_rc = await ctx.run_tool(ChildRole.GATE, cfg.command, cfg, state=STATE)
         if ctx.val_server.child is not server or server is None or not server.alive() \
                 or ctx.shopsim.restarts != restarts:
             # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun

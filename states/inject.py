@@ -13,12 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import atomic_write, atomic_write_json
 
 from .base import Outcome, RoundContext, read_json
 
 STATE = State.INJECT
-ADOPTS: tuple[str, ...] = ()
+ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def completed(ctx: RoundContext) -> bool:

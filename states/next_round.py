@@ -17,11 +17,12 @@ from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.bundles import causes_of_round
 from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row
 from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.roles import ChildRole
 
 from .base import Outcome, RoundContext, read_json
 
 STATE = State.NEXT_ROUND
-ADOPTS: tuple[str, ...] = ()
+ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def ledger(ctx: RoundContext) -> Ledger:

@@ -13,11 +13,12 @@ from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.preflight import preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.roles import ChildRole
 
 from .base import Outcome, RoundContext
 
 STATE = State.PREFLIGHT_DISK
-ADOPTS: tuple[str, ...] = ()
+ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def completed(ctx: RoundContext) -> bool:

@@ -8,11 +8,12 @@ state only waits for it to be ready, within ``shopsim.start_timeout``.
 from __future__ import annotations
 
 from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.roles import ChildRole
 
 from .base import Outcome, RoundContext
 
 STATE = State.START_SHOPSIM
-ADOPTS: tuple[str, ...] = ("shopsim",)
+ADOPTS: tuple[ChildRole, ...] = (ChildRole.SHOPSIM,)
 
 
 def completed(ctx: RoundContext) -> bool:

@@ -36,6 +36,7 @@ from shoprld.daemon.round import saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
 from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object, require_keys
@@ -43,7 +44,7 @@ from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object,
 from .base import Outcome, RoundContext
 
 STATE = State.TRAIN
-ADOPTS: tuple[str, ...] = ("trainer", "sidecar")
+ADOPTS: tuple[ChildRole, ...] = (ChildRole.TRAINER, ChildRole.SIDECAR)
 
 def completed(ctx: RoundContext) -> bool:
     """The tracker reached this round's end iteration and that checkpoint is complete."""
@@ -61,17 +62,17 @@ async def run(ctx: RoundContext) -> Outcome:
     # A trainer a crashed daemon left running is adopted first: it already read this round's
     # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
     # time those take is time in which the adopted job may finish).
-    trainer = ctx.find_child("trainer")
+    trainer = ctx.find_child(ChildRole.TRAINER)
     if trainer is None and cfg.train.emit_command:
-        await ctx.run_tool("emit", cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
+        await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
     if trainer is None and cfg.train.check_command:
-        rc = await ctx.run_tool("check", cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
-        problem = check_verdict(_output_of_last(ctx.log_path(STATE), "check"), rc)
+        rc = await ctx.run_tool(ChildRole.CHECK, cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
+        problem = check_verdict(_output_of_last(ctx.log_path(STATE), ChildRole.CHECK), rc)
         if problem is not None:
             kind, message = problem
             ctx.emit("train.check_failed", reason=message)
@@ -107,7 +108,7 @@ async def run(ctx: RoundContext) -> Outcome:
         # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
         saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
                                 emit=ctx.emit)
-        trainer = await ctx.start("trainer", cfg.train.command, cfg.train, state=STATE)
+        trainer = await ctx.start(ChildRole.TRAINER, cfg.train.command, cfg.train, state=STATE)
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
         followed = await _follow(ctx, trainer, resume)
@@ -161,8 +162,8 @@ async def _stop_stale_clients(ctx: RoundContext) -> None:
     point: the trainer is not running, the earlier attempt's sidecar is replaced by a fresh one
     below (it analyses what is pending), and another stage's client here is an orphan."""
     cfg = ctx.cfg
-    graces = {"sidecar": cfg.sidecar.grace, "val": cfg.val.grace, "gate": cfg.gate.grace,
-              "analyze": cfg.gate.grace}
+    graces = {ChildRole.SIDECAR: cfg.sidecar.grace, ChildRole.VAL: cfg.val.grace, ChildRole.GATE: cfg.gate.grace,
+              ChildRole.ANALYZE: cfg.gate.grace}
     for role in CLIENT_ROLES:
         stale = ctx.find_child(role)
         if stale is None:
@@ -176,11 +177,11 @@ async def _start_sidecar(ctx: RoundContext) -> Child | None:
     spec = ctx.cfg.sidecar
     if not spec.enabled or not spec.command:
         return None
-    child = ctx.find_child("sidecar")
+    child = ctx.find_child(ChildRole.SIDECAR)
     if child is not None:
         return child
     ctx.plan.stop_file.unlink(missing_ok=True)
-    return await ctx.start("sidecar", spec.command, spec, state=STATE)
+    return await ctx.start(ChildRole.SIDECAR, spec.command, spec, state=STATE)
 
 
 async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
@@ -197,7 +198,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     if not child.alive():
         ctx.emit("sidecar.died", pid=child.pid, returncode=child.returncode)
         ctx.unregister_child(child)
-        child = await ctx.start("sidecar", ctx.cfg.sidecar.command, ctx.cfg.sidecar, state=STATE)
+        child = await ctx.start(ChildRole.SIDECAR, ctx.cfg.sidecar.command, ctx.cfg.sidecar, state=STATE)
     with anyio.move_on_after(ctx.cfg.sidecar.drain_timeout):
         await child.wait()
     forced = child.alive()

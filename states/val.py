@@ -22,13 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoprld.daemon.round.machine import State
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.toolfiles import BareSummary, read_bare_summary
 from shoprld.daemon.foundation.toolout import ToolOutputError
 
 from .base import Outcome, RoundContext
 
 STATE = State.VAL
-ADOPTS: tuple[str, ...] = ("val_server", "analyze", "val")
+ADOPTS: tuple[ChildRole, ...] = (ChildRole.VAL_SERVER, ChildRole.ANALYZE, ChildRole.VAL)
 
 
 def _run_dir(ctx: RoundContext) -> Path:
@@ -72,7 +73,7 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    if await ctx.await_child("val", ctx.cfg.val.timeout):  # a crashed daemon's, still running
+    if await ctx.await_child(ChildRole.VAL, ctx.cfg.val.timeout):  # a crashed daemon's, still running
         summary, problem = _judge(ctx)
         if summary is not None and problem is None:
             return _done(ctx, summary)
@@ -88,13 +89,13 @@ async def run(ctx: RoundContext) -> Outcome:
         return Outcome.retry(problem)
     gate = ctx.cfg.gate
     if gate.overlap_analyze and gate.analyze_command and not _analysis_done(ctx) \
-            and ctx.find_child("analyze") is None:
-        await ctx.start("analyze", gate.analyze_command, gate, state="ANALYZE",
+            and ctx.find_child(ChildRole.ANALYZE) is None:
+        await ctx.start(ChildRole.ANALYZE, gate.analyze_command, gate, state="ANALYZE",
                         secrets=gate.analyze_secrets or gate.secrets)
     problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the bare val")
     if problem:
         return Outcome.retry(problem)
-    rc = await ctx.run_tool("val", ctx.cfg.val.command, ctx.cfg.val, state=STATE)
+    rc = await ctx.run_tool(ChildRole.VAL, ctx.cfg.val.command, ctx.cfg.val, state=STATE)
     summary, problem = _judge(ctx)
     if summary is not None and problem is None:
         return _done(ctx, summary)

@@ -21,6 +21,7 @@ import structlog
 
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.round.plan import RoundValues
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from shoprld.daemon.services.shopsim import ShopsimService
 
@@ -32,8 +33,8 @@ ADOPTED_GRACE_S = 10.0
 
 def grace_of(cfg: Config, role: str) -> float:
     """How long ``role`` gets between SIGTERM and SIGKILL."""
-    return {"trainer": cfg.train.grace, "shopsim": cfg.shopsim.grace, "val_server": cfg.val.server_grace,
-            "sidecar": cfg.sidecar.grace}.get(role, ADOPTED_GRACE_S)
+    return {ChildRole.TRAINER: cfg.train.grace, ChildRole.SHOPSIM: cfg.shopsim.grace,
+            ChildRole.VAL_SERVER: cfg.val.server_grace, ChildRole.SIDECAR: cfg.sidecar.grace}.get(role, ADOPTED_GRACE_S)
 
 
 class Children:
@@ -94,7 +95,7 @@ class Children:
         """Stop the children a crashed daemon left that the starting round state will not adopt
         (ShopSim is always adopted)."""
         for role in list(self.adoptable):
-            if role == "shopsim" or role in adopts:
+            if role == ChildRole.SHOPSIM or role in adopts:
                 continue
             rec = self.adoptable.pop(role)
             child = self.launcher.adopt(rec)
@@ -107,9 +108,9 @@ class Children:
         """Stop every child (trainer first). ShopSim vouches for the checkpoints first (all
         the trainer saved ran against it) and is left running when it was not ours."""
         shopsim.closing = True
-        order = sorted(self.running.values(), key=lambda c: (c.record.role != "trainer", c.record.role))
+        order = sorted(self.running.values(), key=lambda c: (c.record.role != ChildRole.TRAINER, c.record.role))
         for child in order:
-            if child.record.role == "shopsim":
+            if child.record.role == ChildRole.SHOPSIM:
                 vouch()
                 if shopsim.external:
                     continue
@@ -135,7 +136,7 @@ class TaggingLauncher:
     def __init__(self, inner: Launcher, tag: str) -> None:
         self._inner, self._tag = inner, tag
 
-    async def start(self, role: str, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
+    async def start(self, role: ChildRole, argv: Any, *, env: Any, cwd: Path | None, log: Path, redacted_argv: Any,
                     round: RoundValues | None = None) -> Child:
         tag = f"{self._tag}|{role}"
         child = await self._inner.start(role, argv, env={**env, CHILD_TAG: tag}, cwd=cwd, log=log,

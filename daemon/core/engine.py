@@ -403,7 +403,7 @@ class Engine:
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""
-        add_file_handler(self.layout.logs / "shoprld.log")
+        add_file_handler(self.layout.logs / "shoprld.log", redactor=self.redactor)
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
             self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)

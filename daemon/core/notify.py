@@ -7,12 +7,12 @@ systemd (``Type=notify``) reads ``READY=1`` once preflight and START_SHOPSIM pas
 
 Notification is best effort: :meth:`Notifier.send` never raises, because a missing or
 broken notify socket must not take a training campaign down (it logs at debug). Every
-datagram passes through the Redactor (the given one, else the process's): a STATUS= line
+datagram passes through the Redactor the notifier was given (the engine's): a STATUS= line
 quotes the last error, which may quote a child's output.
 
 In the engine::
 
-    notifier = Notifier()
+    notifier = Notifier(redactor=secrets.redactor)
     notifier.ready(status_line(snapshot))          # after PREFLIGHT_DISK and START_SHOPSIM
     notifier.status(status_line(snapshot))         # on every transition and on progress
     if (every := notifier.watchdog_interval()):    # a task in the daemon's task group
@@ -28,7 +28,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from shoprld.daemon.foundation.secrets import Redactor, installed
+from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
 from shoprld.daemon.foundation.status import round_label
 
 # systemd shows STATUS= on one line; keep it readable in `systemctl status`.
@@ -38,7 +38,7 @@ MAX_STATUS_LEN = 200
 class Notifier:
     """Talks to systemd when run under ``Type=notify``; a silent no-op otherwise."""
 
-    def __init__(self, environ: Mapping[str, str] = os.environ, *, redactor: Redactor | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] = os.environ, *, redactor: Redactor = NO_REDACTION) -> None:
         addr = environ.get("NOTIFY_SOCKET", "")
         # A leading "@" names a socket in the abstract namespace (a leading NUL byte).
         self.address: str | None = ("\0" + addr[1:] if addr.startswith("@") else addr) or None
@@ -57,8 +57,7 @@ class Notifier:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            redactor = self._redactor or installed()
-            self._sock.sendto(redactor.text("\n".join(lines)).encode(), self.address)
+            self._sock.sendto(self._redactor.text("\n".join(lines)).encode(), self.address)
             return True
         except OSError as exc:
             import structlog  # lazy: only on failure; the daemon has it imported anyway
@@ -76,11 +75,11 @@ class Notifier:
 
     def status(self, text: str) -> bool:
         # Redact before cutting: a secret cut in two would no longer match.
-        return self.send("STATUS=" + " ".join((self._redactor or installed()).text(text).split())[:MAX_STATUS_LEN])
+        return self.send("STATUS=" + " ".join(self._redactor.text(text).split())[:MAX_STATUS_LEN])
 
     def status_of(self, snap: Mapping[str, Any]) -> bool:
         """STATUS= :func:`status_line` of ``snap``, redacted before the line is built and cut."""
-        return self.status(status_line((self._redactor or installed()).obj(dict(snap))))
+        return self.status(status_line(self._redactor.obj(dict(snap))))
 
     def watchdog(self) -> bool:
         return self.send("WATCHDOG=1")

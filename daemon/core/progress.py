@@ -22,6 +22,7 @@ from shoprld.daemon.foundation import causes
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
 from shoprld.daemon.round.machine import ROUND_STATES, State
 from shoprld.daemon.core.attempts import Attempts
@@ -95,7 +96,7 @@ class Progress:
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
             self.view.journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
-            if fields.get("role") == "shopsim":
+            if fields.get("role") == ChildRole.SHOPSIM:
                 self.view.write_status(force=True)
 
     def step_from_disk(self) -> int:

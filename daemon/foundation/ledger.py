@@ -17,9 +17,9 @@ after recording a round and records it again on restart never duplicates the row
 
 Every write rewrites the whole file atomically (temp file, fsync, replace, fsync the dir),
 so a crash leaves the old ledger or the new one, never half a row. Values are sanitized
-(tabs and newlines become spaces) and are redacted: by the ``redact`` callable the ledger
-was given, else by the process's installed Redactor (``secrets.install``), so no row
-reaches the repo unmasked whoever built it.
+(tabs and newlines become spaces) and are redacted by the ``redact`` callable the ledger
+was given (the round's ``Secrets.redact``; readers pass none), so no row reaches the repo
+unmasked whoever built it.
 
 Overflow: past ``max_bytes`` (1 MiB) the full TSV moves to ``<overflow_dir>/<name>.tsv``
 (under the campaign root on the volume) and the repo file becomes a pointer plus a summary,
@@ -47,7 +47,7 @@ from typing import Any
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.errors import ShoprldError
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import installed
+from shoprld.daemon.foundation.secrets import NO_REDACTION
 from shoprld.daemon.foundation.store import atomic_write
 
 COLUMNS = (
@@ -121,7 +121,7 @@ class Ledger:
         overflow_dir: Path,
         max_bytes: int = MiB,
         summary_rows: int = 20,
-        redact: Callable[[str], str] | None = None,
+        redact: Callable[[str], str] = NO_REDACTION.text,
     ) -> None:
         self.path = Path(path)
         self.overflow_dir = Path(overflow_dir)
@@ -175,8 +175,7 @@ class Ledger:
     # -- writing ----------------------------------------------------------------------
     def _clean(self, row: Mapping[str, Any]) -> dict[str, str]:
         full = make_row(**row)
-        redact = self.redact or installed().text
-        full = {c: sanitize(redact(v)) for c, v in full.items()}
+        full = {c: sanitize(self.redact(v)) for c, v in full.items()}
         if not full["index"].strip():
             raise ValueError("ledger: the row has no index (the round's 0-based index)")
         if full["status"] not in STATUSES:

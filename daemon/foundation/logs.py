@@ -3,79 +3,86 @@
 The chain: contextvars (campaign, round, state, attempt) -> level/time -> redaction of
 every loaded secret value -> a renderer (JSON, or a console renderer on a TTY). Foreign
 stdlib records (httpx, watchdog) go through the same redaction via ProcessorFormatter.
+
+The redaction is the :class:`~.secrets.Redactor` handed to :func:`configure` (``shoprld run``
+builds it from the loaded .env) and to :func:`add_file_handler`; it is bound into the
+processors and streams built there, not read from a process-wide global. structlog's own
+configuration is per process, so a later :func:`configure` replaces the chain and its redactor.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
 
 from shoprld.daemon.foundation.console import CompactHandler, CompactRenderer
-from shoprld.daemon.foundation.secrets import Secrets, install, installed
+from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
 
 
-def _redact_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return installed().text(value)
-    if isinstance(value, dict):
-        return {k: _redact_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_redact_value(v) for v in value)
-    if isinstance(value, (int, float, bool)) or value is None:
-        return value
-    return installed().text(str(value))
+def redact_processor(redactor: Redactor) -> Callable[[Any, str, dict[str, Any]], dict[str, Any]]:
+    """A processor that masks every value ``redactor`` knows anywhere in the event (keys stay)."""
 
+    def value(v: Any) -> Any:
+        if isinstance(v, str):
+            return redactor.text(v)
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(value(x) for x in v)
+        if isinstance(v, (int, float, bool)) or v is None:
+            return v
+        return redactor.text(str(v))
 
-def redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    """Mask every known secret value anywhere in the event (keys stay)."""
-    return {k: _redact_value(v) for k, v in event_dict.items()}
+    def processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        return {k: value(v) for k, v in event_dict.items()}
 
-
-def set_secrets(secrets: Secrets) -> None:
-    """Register the values to redact from now on: installs their Redactor for the whole
-    process (logs, and every writer that was not handed one), so there is one."""
-    install(secrets.redactor)
+    return processor
 
 
 class _RedactingStream:
     """A text stream that redacts each write: the last line of defence for the log file."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, redactor: Redactor) -> None:
         self._stream = stream
+        self._redactor = redactor
 
     def write(self, text: str) -> int:
-        return self._stream.write(installed().text(text))
+        return self._stream.write(self._redactor.text(text))
 
     def flush(self) -> None:
         self._stream.flush()
 
 
-def _shared() -> list[Any]:
+def _shared(redactor: Redactor) -> list[Any]:
     return [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        redact_processor,
+        redact_processor(redactor),
     ]
 
 
-def _json_formatter() -> logging.Formatter:
+def _json_formatter(redactor: Redactor) -> logging.Formatter:
     return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared(),
+        foreign_pre_chain=_shared(redactor),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     structlog.processors.format_exc_info,
-                    redact_processor,
+                    redact_processor(redactor),
                     structlog.processors.JSONRenderer(sort_keys=False)],
     )
 
 
 def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, level: str = "INFO",
-              stream: TextIO | None = None, compact: Any = None) -> None:
+              stream: TextIO | None = None, compact: Any = None, redactor: Redactor = NO_REDACTION) -> None:
     """Configure structlog and the stdlib root logger. Idempotent.
+
+    ``redactor``: what every event, record and written line passes through (``shoprld run``
+    hands the one built from the campaign's .env; a one-shot command has none to mask).
 
     ``compact``: a :class:`~.console.Campaign`; the console then gets the person's compact
     view (daemon/foundation/console.py) instead of every event. Only pass it for a terminal (see
@@ -85,14 +92,14 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
     if json_stdout is None:
         json_stdout = not stream.isatty()
     structlog.configure(
-        processors=[*_shared(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[*_shared(redactor), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    json_fmt = _json_formatter()
+    json_fmt = _json_formatter(redactor)
     console_fmt = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared(),
+        foreign_pre_chain=_shared(redactor),
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     structlog.dev.ConsoleRenderer(colors=True)],
     )
@@ -103,17 +110,17 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
             h.close()
     out: logging.Handler
     if compact is not None:
-        out = CompactHandler(_RedactingStream(stream))
+        out = CompactHandler(_RedactingStream(stream, redactor))
         out.setFormatter(structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=_shared(),
+            foreign_pre_chain=_shared(redactor),
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, CompactRenderer(compact)]))
     else:
-        out = logging.StreamHandler(_RedactingStream(stream))  # type: ignore[arg-type]
+        out = logging.StreamHandler(_RedactingStream(stream, redactor))  # type: ignore[arg-type]
         out.setFormatter(json_fmt if json_stdout else console_fmt)
     out._shoprld = True  # type: ignore[attr-defined]
     root.addHandler(out)
     if log_file is not None:
-        add_file_handler(log_file)
+        add_file_handler(log_file, redactor=redactor)
     root.setLevel(level)
     # A full volume must not turn every log call into a traceback on stderr.
     logging.raiseExceptions = False
@@ -124,15 +131,15 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
     logging.getLogger("watchdog").setLevel(logging.WARNING)
 
 
-def add_file_handler(log_file: Path) -> None:
-    """Also write JSON lines to ``log_file`` (once the volume's layout exists)."""
+def add_file_handler(log_file: Path, *, redactor: Redactor) -> None:
+    """Also write JSON lines to ``log_file`` (once the volume's layout exists), through ``redactor``."""
     root = logging.getLogger()
     for h in root.handlers:
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename) == log_file.resolve():
             return
     log_file.parent.mkdir(parents=True, exist_ok=True)
     fh = logging.FileHandler(log_file, encoding="utf-8")
-    fh.setFormatter(_json_formatter())
+    fh.setFormatter(_json_formatter(redactor))
     fh._shoprld = True  # type: ignore[attr-defined]
     root.addHandler(fh)
 

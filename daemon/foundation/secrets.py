@@ -11,8 +11,9 @@ quoted in an error.
 
 The values go only into the environment of the stage children that list them, never
 argv. :class:`Redactor` masks every secret value in text that leaves the process: the
-journal, state.json, status.json, the ledger, notifications and the logs all pass
-through the one installed with :func:`install` (see README, "Secrets").
+journal, state.json, status.json, the ledger, notifications and the logs all pass through
+the one built from the loaded .env (:attr:`Secrets.redactor`) where the process configures
+itself, and handed to each writer (see README, "Secrets"). There is no process-wide one.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ _KEY = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(['\"])?")
 class Redactor:
     """Masks every secret value in text and in JSON-like objects, before they leave the process.
 
-    One instance, built from the loaded .env, is installed for the whole daemon; the writers
-    (the store, the status file, the ledger, the notifier, the logs) call it themselves, so a
+    One instance, built from the loaded .env where the process configures itself (``shoprld
+    run``: the logs' :func:`~.logs.configure` and the engine), is handed to the writers (the
+    store, the status file, the ledger, the notifier, the logs); they call it themselves, so a
     caller that builds text from a child's output cannot forget it.
     """
 
@@ -79,19 +81,9 @@ class Redactor:
         return value
 
 
+# What a writer built without a redactor uses: a one-shot command or a reader (no secret to
+# mask), or a test. The daemon hands its own to every writer.
 NO_REDACTION = Redactor()
-_installed = NO_REDACTION
-
-
-def install(redactor: Redactor) -> None:
-    """Make ``redactor`` the process's redactor: every writer that was not handed one uses it."""
-    global _installed
-    _installed = redactor
-
-
-def installed() -> Redactor:
-    """The process's redactor (a no-op until :func:`install`)."""
-    return _installed
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from typing import Any
 from shoprld.daemon.foundation import roundlog
 from shoprld.daemon.foundation.errors import LockError
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
-from shoprld.daemon.foundation.secrets import Redactor, installed
+from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -248,9 +248,12 @@ class _AppendOnlyFile:
 class Store:
     """Owns everything the daemon writes into its state dir."""
 
-    def __init__(self, state_dir: Path, *, redactor: Redactor | None = None, status_in_background: bool = False) -> None:
-        """``status_in_background``: status.json is written by a :class:`LatestWriter` thread (the
-        daemon's store, whose event loop must not wait for a display cache); else synchronously."""
+    def __init__(self, state_dir: Path, *, redactor: Redactor = NO_REDACTION,
+                 status_in_background: bool = False) -> None:
+        """``redactor``: what every write passes through (the daemon hands its own; a reader or a
+        one-shot command has no secret to mask). ``status_in_background``: status.json is written
+        by a :class:`LatestWriter` thread (the daemon's store, whose event loop must not wait for a
+        display cache); else synchronously."""
         self.dir = state_dir
         self._redactor = redactor
         self._lock_fd: int | None = None
@@ -260,8 +263,8 @@ class Store:
 
     @property
     def redactor(self) -> Redactor:
-        """The one this store was given, else the process's (:func:`~.secrets.install`)."""
-        return self._redactor or installed()
+        """The one this store was given."""
+        return self._redactor
 
     def tighten(self) -> None:
         """Make the dir 0700 and its regular files 0600 (only what this user owns)."""

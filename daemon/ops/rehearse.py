@@ -52,7 +52,7 @@ from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
 from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.logs import configure, set_secrets
+from shoprld.daemon.foundation.logs import configure
 from shoprld.daemon.round.plan import demo_dir
 from shoprld.daemon.foundation.secrets import load_secrets
 from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object
@@ -496,8 +496,7 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
             analyst = subprocess.Popen(
                 [sys.executable, str(demo_dir() / "analyst_llm.py"), "--port", str(sc.analyst_port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        set_secrets(secrets)
-        configure(level="DEBUG" if debug else "WARNING", stream=sys.stderr)
+        configure(level="DEBUG" if debug else "WARNING", stream=sys.stderr, redactor=secrets.redactor)
         engine = Engine(scfg, slayout, secrets)
         # Past the limit the engine gets SIGTERM: it stops every child as on any stop request.
         timer = threading.Timer(time_limit, lambda: os.kill(os.getpid(), signal.SIGTERM))

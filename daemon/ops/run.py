@@ -16,7 +16,7 @@ from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.console import Campaign, terminal_mode
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.logs import configure, set_secrets
+from shoprld.daemon.foundation.logs import configure
 from shoprld.daemon.foundation.secrets import load_secrets
 from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.validate import validate
@@ -37,10 +37,12 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
     # child starts (the same function: issue 15).
     validate(cfg, layout)
-    set_secrets(secrets)
     mode = terminal_mode(sys.stdout, verbose=verbose or debug)
+    # The process's redactor is built here, from the loaded .env, and handed on: to the logs
+    # now, and (the engine's, from the same secrets) to the store, the notifier and the alerts.
     configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
-              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None)
+              compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None,
+              redactor=secrets.redactor)
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
     missing = extras_problem(cfg.metrics.textfile)
     if missing:

@@ -67,6 +67,7 @@ from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.preflight import forecast_for, limits_for
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
 
 # The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke
@@ -142,7 +143,7 @@ def read_history(records: Iterable[Mapping[str, Any]], *, now: float) -> History
             died_in_train = _num(prev.get("t"))
         if event == "transition":
             trainer_ran = False
-        elif event in ("stage.spawn", "child.adopted") and rec.get("role") == "trainer":
+        elif event in ("stage.spawn", "child.adopted") and rec.get("role") == ChildRole.TRAINER:
             if died_in_train is not None and event == "stage.spawn":
                 faults.append(died_in_train)
             died_in_train = None

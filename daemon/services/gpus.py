@@ -56,6 +56,7 @@ import anyio
 import anyio.to_thread
 
 from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, ChildHost, pid_alive, proc_start_ticks
 
 if TYPE_CHECKING:
@@ -297,7 +298,7 @@ class Owners:
         if self.ray_sid is not None and self.ray_sid > 1:
             try:
                 if os.getsid(pid) == self.ray_sid:
-                    return "ray"
+                    return ChildRole.RAY
             except OSError:
                 pass
         return None
@@ -346,7 +347,7 @@ def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Own
         role = owners.role_of(p.pid)
         if role is None:
             kind: Kind = "foreign"
-        elif role != "ray" and is_live(role):
+        elif role != ChildRole.RAY and is_live(role):
             kind = "live"
         else:
             kind = "straggler"
@@ -377,7 +378,7 @@ def _targets(pid: int, owners: Owners, is_live: Callable[[str], bool]) -> tuple[
         return "pid", pid
     for member in _group_members(pgid):
         role = owners.role_of(member)
-        if role is None or (role != "ray" and is_live(role)):
+        if role is None or (role != ChildRole.RAY and is_live(role)):
             return "pid", pid
     return "group", pgid
 

@@ -6,7 +6,7 @@ through a pipe the daemon must drain. Stopping is SIGTERM to the whole group, a 
 period, then SIGKILL to the group, and the child is always reaped. Nothing is ever killed
 by name.
 
-Every child is recorded (:class:`ChildRecord`: role, pid, pgid and the kernel's start
+Every child is recorded (:class:`ChildRecord`: role (a :class:`~.roles.ChildRole`), pid, pgid and the kernel's start
 time) in the state. After a daemon crash the new daemon *adopts* a child whose pid still
 has the recorded start time (the pid was not reused), or stops it before relaunching.
 An adopted child is not our child: its exit status is unknown, so stages judge it by its
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from anyio.abc import Process
+
+from shoprld.daemon.foundation.roles import ChildRole
 
 if TYPE_CHECKING:
     from shoprld.daemon.round.plan import RoundValues
@@ -92,7 +94,7 @@ def group_alive(pgid: int) -> bool:
 class ChildRecord:
     """What the state remembers of one child, enough to adopt or stop it after a crash."""
 
-    role: str
+    role: str  # a ChildRole when started here; the recorded word when read back (equal to it)
     pid: int
     pgid: int
     start_ticks: int | None
@@ -189,7 +191,7 @@ class Launcher(Protocol):
     there, never from the log file's name, and never resolves the values again.
     """
 
-    async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
+    async def start(self, role: ChildRole, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
                     log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child: ...
 
     def adopt(self, record: ChildRecord) -> Child | None: ...
@@ -198,7 +200,7 @@ class Launcher(Protocol):
 class LocalLauncher:
     """Children as local processes in their own sessions, logging to a file."""
 
-    async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
+    async def start(self, role: ChildRole, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
                     log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -61,6 +61,7 @@ from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from shoprld.daemon.services.rayjobs import JobExists, NoAgent, RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import RoundValues
@@ -70,7 +71,7 @@ from shoprld.daemon.foundation.store import atomic_write_json
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 LIVE = frozenset({"PENDING", "RUNNING"})
-RAY_ROLES = ("trainer",)
+RAY_ROLES = (ChildRole.TRAINER,)
 # Environment entries that never go to a job: the engine's local-process tag (the job is
 # Ray's, not a local stray), and CUDA_VISIBLE_DEVICES, which Ray assigns per GPU actor from
 # the head's own view (restrict the GPUs on the head: the head command's environment).
@@ -336,7 +337,7 @@ class RayLauncher:
 
     def __init__(self, cfg: Config, layout: Layout, *, inner: Launcher | None = None,
                  client: RayJobsClient | None = None, poll: float = 1.0, head_timeout: float = 180.0,
-                 unreachable_timeout: float = 300.0, roles: Sequence[str] = RAY_ROLES) -> None:
+                 unreachable_timeout: float = 300.0, roles: Sequence[ChildRole] = RAY_ROLES) -> None:
         self.cfg, self.layout = cfg, layout
         self.inner: Launcher = inner or LocalLauncher()
         self.client = client or RayJobsClient(cfg.train.ray_address)
@@ -359,7 +360,7 @@ class RayLauncher:
         return (rid, int(n)) if rid and n.isdigit() else None
 
     # -- Launcher protocol ----------------------------------------------------------------------
-    async def start(self, role: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
+    async def start(self, role: ChildRole, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | None,
                     log: Path, redacted_argv: Sequence[str], round: RoundValues | None = None) -> Child:
         """A Ray role becomes this round's job (``round``: the round and its values, resolved
         once by the caller); every other role goes to ``inner``."""
@@ -367,7 +368,7 @@ class RayLauncher:
             return await self.inner.start(role, argv, env=env, cwd=cwd, log=log, redacted_argv=redacted_argv,
                                           round=round)
         if round is None:
-            raise ValueError(f"RayLauncher.start({role!r}) needs the round (round=RoundValues): a job is named "
+            raise ValueError(f"RayLauncher.start({str(role)!r}) needs the round (round=RoundValues): a job is named "
                              "after its round and its runtime env is expanded with the round's values")
         values, round_id = round.values, round.round_id
         entrypoint = entrypoint_of(argv, cwd)
@@ -472,7 +473,7 @@ class RayLauncher:
         env = self.layout.child_env(self.cfg)
         env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
         log = self.layout.logs / "ray-head.log"
-        head = await self.inner.start("ray_head", argv, env=env, cwd=self.layout.project_root, log=log,
+        head = await self.inner.start(ChildRole.RAY_HEAD, argv, env=env, cwd=self.layout.project_root, log=log,
                                       redacted_argv=argv)
         self.head = head
         rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,

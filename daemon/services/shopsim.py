@@ -49,6 +49,7 @@ from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import StageFailed
 from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
 from shoprld.daemon.foundation.retry import Backoff
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.round.plan import RoundPlan, host_port, read_json
 from shoprld.daemon.foundation.store import replace_json
 
@@ -60,7 +61,7 @@ class ServiceHost(ChildHost, Protocol):
     @property
     def http(self) -> httpx.AsyncClient: ...
 
-    async def spawn(self, plan: RoundPlan, role: str, template: Sequence[str], spec: ProcessSpec, *,
+    async def spawn(self, plan: RoundPlan, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *,
                     state: str, extra_env: Mapping[str, str] | None = None) -> Child: ...
 
 
@@ -84,7 +85,7 @@ async def get_json(http: httpx.AsyncClient, url: str, timeout: float = 2.0) -> t
 
 
 # The campaign's ShopSim clients: while one runs, leased slots are legitimate.
-CLIENT_ROLES = ("trainer", "sidecar", "val", "gate", "analyze")
+CLIENT_ROLES = (ChildRole.TRAINER, ChildRole.SIDECAR, ChildRole.VAL, ChildRole.GATE, ChildRole.ANALYZE)
 # The supervisor's /healthz refresh (status shows free_slots and environment_slots).
 HEALTH_INTERVAL = 5.0
 # A "ready" answer this recent (s) is not asked again (wait_ready right after recover_leaks).
@@ -209,7 +210,7 @@ class ShopsimService:
         witness = _read_witness(self.witness)
         if witness is None or not witness.get("outage"):
             return False
-        trainer = host.find_child("trainer")
+        trainer = host.find_child(ChildRole.TRAINER)
         if trainer is not None:
             await trainer.stop(plan.cfg.train.grace)
             host.unregister_child(trainer)
@@ -243,7 +244,7 @@ class ShopsimService:
     async def _ensure_ready(self, plan: RoundPlan, host: ServiceHost, *, settle: bool) -> str | None:
         cfg = plan.cfg.shopsim
         if self.child is None:
-            self.child = host.find_child("shopsim")
+            self.child = host.find_child(ChildRole.SHOPSIM)
             if self.child is not None:
                 host.emit("shopsim.adopted", pid=self.child.pid)
             elif settle and not self.external:
@@ -260,7 +261,7 @@ class ShopsimService:
             if not await wait_port_free(addr, port, timeout=min(30.0, cfg.start_timeout)):
                 return f"{addr}:{port} is held by something that is not a ready ShopSim; free the port"
             _redirect_service_log(plan, host)
-            self.child = await host.spawn(plan, "shopsim", cfg.command, cfg, state="SHOPSIM")
+            self.child = await host.spawn(plan, ChildRole.SHOPSIM, cfg.command, cfg, state="SHOPSIM")
         deadline = host.clock.monotonic() + cfg.start_timeout
         while host.clock.monotonic() < deadline:
             if await self.health(plan, host) is not None:
@@ -353,7 +354,7 @@ class ShopsimService:
                 # A trainer that lost ShopSim mid-rollout either aborts (8 unscored groups) or
                 # trains a step on a partial rollout: stop it now; TRAIN settles the outage
                 # (retrains what was saved since ShopSim was last seen alive) and relaunches it.
-                trainer = host.find_child("trainer")
+                trainer = host.find_child(ChildRole.TRAINER)
                 if trainer is not None:
                     host.emit("shopsim.died_during_train", trainer_pid=trainer.pid)
                     await trainer.stop(plan.cfg.train.grace)

@@ -12,6 +12,7 @@ import anyio
 import httpx
 
 from shoprld.daemon.services import gpus
+from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child, wait_port_free
 from shoprld.daemon.round.plan import RoundPlan, host_port
 from shoprld.daemon.services.shopsim import ServiceHost, get_json
@@ -31,7 +32,7 @@ class ValServerService:
     async def ensure_ready(self, plan: RoundPlan, host: ServiceHost) -> str | None:
         cfg = plan.cfg.val
         if self.child is None:
-            self.child = host.find_child("val_server")
+            self.child = host.find_child(ChildRole.VAL_SERVER)
         if self.child is not None and self.child.alive():
             if await self._serving(plan, host) == plan.weight_version:
                 return None
@@ -43,7 +44,7 @@ class ValServerService:
         addr, port = host_port(cfg.url, 30000)
         if not await wait_port_free(addr, port, timeout=min(60.0, cfg.ready_timeout)):
             return f"{addr}:{port} is still in use; the val server cannot start there"
-        self.child = await host.spawn(plan, "val_server", cfg.server_command, cfg, state="VALSERVER",
+        self.child = await host.spawn(plan, ChildRole.VAL_SERVER, cfg.server_command, cfg, state="VALSERVER",
                                       extra_env=dict(cfg.server_env))
         deadline = host.clock.monotonic() + cfg.ready_timeout
         while host.clock.monotonic() < deadline:

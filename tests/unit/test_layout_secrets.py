@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -139,9 +139,9 @@ def test_redaction_masks_secrets_in_structlog_and_foreign_records(tmp_path: Path
     from shoprld.daemon.foundation import logs
 
     (tmp_path / ".env").write_text(f"WANDB_API_KEY={CANARY}\nBAILIAN_API_KEY={CANARY2}\n")
-    logs.set_secrets(load_secrets(tmp_path / ".env"))
     buf = io.StringIO()
-    logs.configure(log_file=tmp_path / "shoprld.log", json_stdout=True, stream=buf)
+    logs.configure(log_file=tmp_path / "shoprld.log", json_stdout=True, stream=buf,
+                   redactor=load_secrets(tmp_path / ".env").redactor)
     logs.get_logger().info("stage.spawn", argv=["x", f"--key={CANARY}"], nested={"k": [CANARY2]})
     logging.getLogger("httpx").warning("GET https://api.example/?token=%s", CANARY)
     text = buf.getvalue() + (tmp_path / "shoprld.log").read_text()
@@ -174,16 +174,6 @@ def test_check_prints_layout_and_masks_canary_everywhere(tmp_path: Path) -> None
 
 
 # -- the redaction boundary and the state dir's modes (issue 15, serious bug 2) -------------------------
-@pytest.fixture
-def no_installed_redactor() -> Iterator[None]:
-    """Leave the process-wide redactor as it was: tests here install their own."""
-    before = secrets_mod.installed()
-    try:
-        yield
-    finally:
-        secrets_mod.install(before)
-
-
 def _secrets_with(tmp_path: Path, *values: str) -> Secrets:
     keys = ("WANDB_API_KEY", "BAILIAN_API_KEY", "HF_TOKEN")
     (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in zip(keys, values)))
@@ -200,15 +190,13 @@ def test_redactor_masks_every_string_of_a_json_like_value_keys_included(tmp_path
     assert CANARY not in repr(red)
 
 
-def test_store_redacts_journal_state_and_status_whoever_built_the_text(tmp_path: Path,
-                                                                         no_installed_redactor: None) -> None:
+def test_store_redacts_journal_state_and_status_whoever_built_the_text(tmp_path: Path) -> None:
     """A record holding a secret (as a failure message quoting a child's output does) reaches
-    journal.jsonl, state.json and status.json masked, with the redactor given to the store or,
-    for a store built without one, the process's installed one."""
+    journal.jsonl, state.json and status.json masked by the redactor given to the store, with
+    the status written synchronously or in the background."""
     secrets = _secrets_with(tmp_path, CANARY, CANARY2)
-    for name, store in (("given", Store(tmp_path / "a", redactor=secrets.redactor)), ("installed", Store(tmp_path / "b"))):
-        if name == "installed":
-            secrets_mod.install(secrets.redactor)
+    for name, store in (("given", Store(tmp_path / "a", redactor=secrets.redactor)),
+                        ("background", Store(tmp_path / "b", redactor=secrets.redactor, status_in_background=True))):
         store.acquire_lock()
         try:
             msg = f"train.check_command did not report ready: 401 invalid key {CANARY} ({CANARY2})"
@@ -248,14 +236,13 @@ def test_state_dir_is_0700_and_its_files_0600_even_if_it_was_more_open(tmp_path:
     assert set(modes.values()) == {0o600}, modes
 
 
-def test_the_ledger_masks_with_the_installed_redactor_and_stays_readable(tmp_path: Path,
-                                                                         no_installed_redactor: None) -> None:
-    """A ledger built without a redact callable still masks (the installed redactor), and the repo
+def test_the_ledger_masks_with_the_given_redactor_and_stays_readable(tmp_path: Path) -> None:
+    """A ledger masks with the redact callable it was given (the round's secrets), and the repo
     file keeps its ordinary, readable mode: it is the one record meant for others."""
     from shoprld.daemon.foundation.ledger import Ledger
 
-    secrets_mod.install(_secrets_with(tmp_path, CANARY).redactor)
-    led = Ledger(tmp_path / "repo" / "demo.tsv", overflow_dir=tmp_path / "vol")
+    led = Ledger(tmp_path / "repo" / "demo.tsv", overflow_dir=tmp_path / "vol",
+                 redact=_secrets_with(tmp_path, CANARY).redact)
     old = os.umask(0o022)
     try:
         led.append({"index": 0, "status": "crash", "description": f"401 invalid key {CANARY}"})
