@@ -244,7 +244,7 @@ class RoundContext:
             redacted_argv=redacted, round=resolved,
         )
         self.register_child(child)
-        self.emit("stage.spawn", role=role, pid=child.pid, argv=redacted)
+        self.emit("stage.spawn", role=role, pid=child.pid, argv=redacted, started_at=child.record.started_at)
         return child
 
     async def spawn(self, plan: RoundPlan, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *,

@@ -95,7 +95,9 @@ class Progress:
             self.attempts.info["returncode"] = fields.get("returncode")
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
-            self.view.journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"))
+            # started_at: the moment the process existed (the launcher's clock), before its record was persisted
+            self.view.journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"),
+                              started_at=fields.get("started_at"))
             if fields.get("role") == ChildRole.SHOPSIM:
                 self.view.write_status(force=True)
 
