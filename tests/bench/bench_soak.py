@@ -135,7 +135,7 @@ def replay(work: Path, rounds: int) -> dict[str, Any]:
         engine._transition(src, State.TRAIN, ADVANCE.get(src, "next_round"))
         for a, b in zip(ROUND_STATES, ROUND_STATES[1:]):
             engine._transition(a, b, ADVANCE[a])
-        engine.progress.round_finished()
+        engine.progress.round_finished(engine._ctx(), None)
         # Bytes written this round: the appends' growth plus every rewrite of the whole files.
         written += sum(size(state_dir / f) - before[f] for f in ("journal.jsonl", "rounds.jsonl"))
         written += 7 * (size(state_dir / "state.json") + size(state_dir / "status.json"))
