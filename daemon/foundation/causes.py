@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shoprld.daemon.foundation.disk import log_says_enospc
+from shoprld.daemon.foundation.disk import enospc_line, log_says_enospc
 
 CUDA_OOM = "cuda_oom"
 NCCL_TIMEOUT = "nccl_timeout"
@@ -104,9 +104,7 @@ def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, k
     for p in PATTERNS:
         if p.test is not None:
             if p.test(log_tail):
-                return Cause(p.name, _matching_line(log_tail, ("No space left", "ENOSPC", "Errno 28", "quota",
-                                                                "PytorchStreamWriter")),
-                             p.advice)
+                return Cause(p.name, enospc_line(log_tail), p.advice)
             continue
         assert p.regex is not None
         m = p.regex.search(log_tail)
@@ -142,13 +140,6 @@ def _line_at(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
     return text[start:end if end >= 0 else len(text)].strip()[:300]
-
-
-def _matching_line(text: str, needles: tuple[str, ...]) -> str:
-    for line in reversed(text.splitlines()):
-        if any(n.lower() in line.lower() for n in needles):
-            return line.strip()[:300]
-    return ""
 
 
 def kernel_log_since(monotonic_start: float, *, path: str = "/dev/kmsg", limit: int = 4096) -> str:

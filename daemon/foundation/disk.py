@@ -561,11 +561,21 @@ def log_says_enospc(text: str) -> bool:
     tail. Lines about the inotify watch limit ("inotify watch limit reached", "file watchers")
     are ignored: that ENOSPC is not a full disk.
     """
+    return bool(enospc_line(text))
+
+
+def enospc_line(text: str) -> str:
+    """The line of a log tail that shows its disk-full write failure, the last one ("" when
+    :func:`log_says_enospc` is False): the evidence a failure's cause quotes (``causes.py``)."""
     lines = [ln for ln in text.splitlines() if not _INOTIFY.search(ln)]
-    if any(_DISK_FULL_LINE.search(ln) for ln in lines):
-        return True
-    kept = "\n".join(lines)
-    return bool(_TORCH_WRITER.search(kept) and _ERRNO_28.search(kept))
+    for ln in reversed(lines):
+        if _DISK_FULL_LINE.search(ln):
+            return ln.strip()[:300]
+    if _ERRNO_28.search("\n".join(lines)):
+        for ln in reversed(lines):
+            if _TORCH_WRITER.search(ln):
+                return ln.strip()[:300]
+    return ""
 
 
 # --------------------------------------------------------------------------------------------

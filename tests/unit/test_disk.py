@@ -24,6 +24,7 @@ from shoprld.daemon.foundation.disk import (
     Limits,
     forecast,
     is_enospc,
+    enospc_line,
     limits,
     log_says_enospc,
 )
@@ -258,6 +259,27 @@ def test_log_says_enospc_recognises_disk_full(tail: str) -> None:
 def test_log_says_enospc_rejects_other_failures(tail: str) -> None:
     """The inotify limit, a torch write failure without errno 28, and OOMs are not disk-full."""
     assert not log_says_enospc(tail)
+
+
+_LOG_PIECES = st.sampled_from([
+    "OSError: [Errno 28] No space left on device: '/eph/iter_0000040/common.pt'", "write error: ENOSPC",
+    "Disk quota exceeded", "OSError: [Errno 28] inotify watch limit reached",
+    "Error: ENOSPC: System limit for number of file watchers reached",
+    "RuntimeError: PytorchStreamWriter failed writing file data/3: file write failed", "OSError: errno 28",
+    "CUDA out of memory", "step 12 done", "",
+])
+
+
+@given(st.lists(st.one_of(_LOG_PIECES, st.text(max_size=40)), max_size=8))
+def test_the_quoted_evidence_is_what_the_recogniser_decided_on(pieces: list[str]) -> None:
+    """A failure's cause quotes enospc_line: a line of the tail itself, never an inotify-limit
+    line, and present exactly when log_says_enospc says disk-full (one recogniser, issue 16)."""
+    tail = "\n".join(pieces)
+    line = enospc_line(tail)
+    assert bool(line) == log_says_enospc(tail)
+    if line:
+        assert any(line == ln.strip()[:300] for ln in tail.splitlines())
+        assert "inotify" not in line.lower() and "file watchers" not in line.lower()
 
 
 # ---------------------------------------------------------------------------- preflight lines, df
