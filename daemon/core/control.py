@@ -20,12 +20,10 @@ still the one it bound.
 The client side (:func:`query`, :func:`request_stop`) is blocking stdlib code: ``shoprld
 stop`` is a short-lived CLI and must not pay for structlog.
 
-In the engine, the server is one more task of the daemon's task group::
-
-    await tg.start(ControlServer(state_dir / SOCKET_FILE, engine.on_control).serve)
-
-where ``on_control(request)`` answers ``status`` with ``{"ok": True, "status": snapshot}``
-and ``stop`` by setting the stop flag for the mode (the loop acts; it never stops inline).
+In the engine, the server is one more task of the daemon's task group, started by
+``core/sources.control``: its handler answers ``status`` with ``{"ok": True, "status":
+snapshot}`` and turns ``stop`` into a typed ``StopRequested`` event on the engine's queue (the
+loop acts on it; nothing stops inline).
 """
 
 from __future__ import annotations
