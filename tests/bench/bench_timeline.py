@@ -207,7 +207,11 @@ def build_tree(root: Path, steps: int, step_seconds: float, saves: str | None = 
     }
     campaign = make_tree(root, rounds=ROUNDS, edits=edits)
     if saves is not None:  # shoprld's save policy (the bash seed always saves once per round)
-        campaign.write_text(campaign.read_text() + f'\n[saves]\nmode = "{saves}"\n')
+        # The policy's guesses and its MTBF prior, scaled like the timeline: unscaled, the prior's
+        # 25 h against the replay's sub-second saves puts the optimum at ~150 steps (never mid-round).
+        scaled = (f"cost_guess = {SAVE_S}\nstep_guess = {850 / SCALE}\nprior_window = {25 * 3600 / SCALE}\n"
+                  if saves == "adaptive" else "")
+        campaign.write_text(campaign.read_text() + f'\n[saves]\nmode = "{saves}"\n' + scaled)
     text = campaign.read_text()
     urls = re.findall(r'^url = "http://127\.0\.0\.1:(\d+)"', text, flags=re.M)
     return {"campaign": campaign, "shopsim_port": urls[0], "val_port": urls[1], "steps": steps,
