@@ -182,7 +182,10 @@ class RoundContext:
         if child is None:
             return False
         with anyio.fail_after(timeout or None):
-            await child.wait()
+            rc = await child.wait()
+        # When it ended, as the daemon saw it: the next spawn's clock starts here, not at the
+        # stage's outcome (bench_engine's VAL->GATE hand-off waits for the overlapped analyze).
+        self.emit("stage.awaited", role=role, pid=child.pid, returncode=rc)
         self.unregister_child(child)
         return True
 

@@ -21,7 +21,10 @@ Then the val server's whole process group is stopped, because training needs its
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import anyio
 
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.retry import may_retry
@@ -89,13 +92,8 @@ async def run(ctx: RoundContext) -> Outcome:
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
     else:
-        problem = await ctx.val_server.ensure_ready(ctx.plan, ctx)
-        if problem:
-            return Outcome.retry(problem)
         ctx.archive(gate_dir, "left by an interrupted attempt")  # start fresh (frozen weights)
-        # A killed val or analyze leaves its leases behind; and never start against a dead ShopSim.
-        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the gate") \
-            or await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the gate")
+        problem = await _services_ready(ctx)
         if problem:
             return Outcome.retry(problem)
         server, restarts = ctx.val_server.child, ctx.shopsim.restarts
@@ -152,6 +150,33 @@ async def run(ctx: RoundContext) -> Outcome:
         return Outcome("gate_stop", f"gate incomplete for {ctx.round_id}; gate.policy = stop "
                        "(run again to continue with the current SkillBank)")
     return Outcome.done(f"gate {decision}")
+
+
+async def _services_ready(ctx: RoundContext) -> str | None:
+    """The gate's two services, asked side by side (one HTTP round trip of wait, not two, on
+    the VAL->GATE hand-off; issue 17, item 5): the val server serves this round's weights, and
+    ShopSim is ready with no leaked lease (a killed val or analyze leaves its leases behind).
+    None when both are; else the first problem (the val server's first). A StageFailed (an
+    adopted ShopSim that stays short) propagates as itself, not inside an exception group."""
+    problems: dict[str, str | None] = {}
+    errors: list[BaseException] = []
+
+    async def ask(name: str, check: Callable[[], Awaitable[str | None]]) -> None:
+        try:
+            problems[name] = await check()
+        except Exception as exc:  # re-raised below, unwrapped
+            errors.append(exc)
+
+    async def shopsim() -> str | None:
+        return await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the gate") \
+            or await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the gate")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, "val", lambda: ctx.val_server.ensure_ready(ctx.plan, ctx))
+        tg.start_soon(ask, "shopsim", shopsim)
+    if errors:
+        raise errors[0]
+    return problems.get("val") or problems.get("shopsim")
 
 
 def _finished(ctx: RoundContext, gate_dir: Path) -> bool:

@@ -393,7 +393,7 @@ class Engine:
         self._journal("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, **fields)
         log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
         structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
-        self._persist()
+        self.view.persist(durable=False)  # the transition line above, fsynced, holds this snapshot
         maybe_die(dst, "enter", self.round)
         self.notifier.status_of(self.view.snap)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:

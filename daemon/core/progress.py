@@ -93,6 +93,9 @@ class Progress:
                 snap["saves"] = fields
         elif event == "stage.exit":
             self.attempts.info["returncode"] = fields.get("returncode")
+        elif event == "stage.awaited":  # a child an earlier stage started (or a crashed daemon left) ended
+            self.view.journal(event, sync=False, role=fields.get("role"), pid=fields.get("pid"),
+                              returncode=fields.get("returncode"))
         elif event == "stage.spawn":  # informational: the child's record is in state.json already
             self.attempts.info["argv"] = fields.get("argv") or []  # already redacted by the stage
             # started_at: the moment the process existed (the launcher's clock), before its record was persisted

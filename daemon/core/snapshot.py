@@ -134,8 +134,9 @@ class Snapshot:
             "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
 
-    def persist(self) -> None:
-        self.store.save(self.state_doc())
+    def persist(self, *, durable: bool = True) -> None:
+        """state.json (durably unless the journal just took the same snapshot) and status.json."""
+        self.store.save(self.state_doc(), durable=durable)
         self.write_status(force=True)
 
     def status_doc(self) -> dict[str, Any]:

@@ -6,9 +6,11 @@ the engine reconciles it with the disk on every start. When it is corrupt or tru
 is rebuilt from the journal (the last record that carries a full snapshot), with a
 warning event; when both are gone, the disk alone decides (``Store.load`` returns None).
 
-Write order for a transition: journal line (fsync), then state.json (temp, fsync, replace,
-fsync dir). A crash between the two leaves a journal that is ahead of state.json, and the
-rebuild prefers the newer of the two.
+Write order for a transition: journal line (fsync; it carries the whole snapshot), then
+state.json (temp, replace; not fsynced, since that line already holds it durably). A crash
+between the two, or a host crash that loses or tears state.json, leaves a journal that is
+ahead of state.json, and the rebuild prefers the newer of the two. Every other state.json
+write (temp, fsync, replace, fsync dir) is durable on its own.
 
 Persistence grows linearly with the rounds (issue 16, step 5): a finished round's facts are
 written once, as a journal record (``round.done``) and a line of ``rounds.jsonl``
@@ -359,10 +361,18 @@ class Store:
         yield from roundlog.json_lines(self.dir / JOURNAL_FILE)
 
     # -- state -------------------------------------------------------------------
-    def save(self, state: dict[str, Any]) -> None:
-        """state.json, redacted, atomically and durably."""
-        atomic_write_json(self.dir / STATE_FILE, {**self.redactor.obj(state), "schema": SCHEMA_VERSION},
-                          mode=STATE_FILE_MODE)
+    def save(self, state: dict[str, Any], *, durable: bool = True) -> None:
+        """state.json, redacted, atomically and (unless ``durable=False``) durably.
+
+        ``durable=False`` is for a state the journal already holds durably: a transition's
+        line carries the same snapshot and was fsynced just before, and :meth:`load` prefers
+        the newer of the two, so a state.json that a host crash loses or tears costs nothing
+        (a daemon crash keeps the page cache). It saves two fsyncs per hand-off (issue 17)."""
+        doc = {**self.redactor.obj(state), "schema": SCHEMA_VERSION}
+        if durable:
+            atomic_write_json(self.dir / STATE_FILE, doc, mode=STATE_FILE_MODE)
+        else:
+            replace_json(self.dir / STATE_FILE, doc, mode=STATE_FILE_MODE)
 
     def write_status(self, doc: dict[str, Any]) -> None:
         """status.json, redacted: atomic, not durable (the next persist rewrites it); with

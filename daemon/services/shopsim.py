@@ -91,8 +91,10 @@ HEALTH_INTERVAL = 5.0
 # A "ready" answer this recent (s) is not asked again (wait_ready right after recover_leaks).
 FRESH_READY_S = 0.5
 SHOPSIM_BACKOFF_CAP_S = 30.0  # ShopSim restarts wait at most this long (stages: retry.STAGE_BACKOFF_CAP_S)
-# How often the supervisor looks whether ShopSim is alive. A test seam may slow it down
-# (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds), to make "the trainer saw the death first" certain.
+# How often the supervisor looks whether ShopSim is alive; it also wakes at once when its
+# child exits. A test seam slows the looks down (SHOPRLD_TEST_SUPERVISE_INTERVAL, seconds) and
+# turns that wake-up off, to make "the trainer saw the death first" certain (as after a daemon
+# restart, where ShopSim is adopted and its exit is only polled).
 def _supervise_interval() -> float:
     try:
         return max(0.05, float(os.environ.get("SHOPRLD_TEST_SUPERVISE_INTERVAL") or 1.0))
@@ -101,6 +103,7 @@ def _supervise_interval() -> float:
 
 
 SUPERVISE_INTERVAL = _supervise_interval()
+WAKE_AT_EXIT = not os.environ.get("SHOPRLD_TEST_SUPERVISE_INTERVAL")
 # The file the real service appends every request to, in its cwd (start.sh cds into shop_env).
 SERVICE_LOG = "shop_agent.log"
 
@@ -302,9 +305,12 @@ class ShopsimService:
         :class:`StageFailed`: it is not ours to restart, and retrying cannot fix it."""
         if any(host.find_child(r) is not None for r in CLIENT_ROLES):
             return None
-        problem = await self.wait_ready(plan, host, before=reason)
-        if problem:
-            return problem
+        # A fresh count, never the cached "ready" answer: one read while a client still ran (the
+        # val tool, a moment ago) counts its leases, and a needless release_all followed.
+        if self._lock.locked() or await self.health(plan, host) is None:
+            problem = await self.wait_ready(plan, host, before=reason)
+            if problem:
+                return problem
         cfg = plan.cfg.shopsim
         free, slots = self.free_slots, self.environment_slots
         if free is None or slots is None or free >= slots:
@@ -334,10 +340,14 @@ class ShopsimService:
         (``free_slots``, ``environment_slots``) every ``health_interval`` seconds for ``status``."""
         last_health = -float("inf")
         while True:
-            await anyio.sleep(interval)
-            child = self.child
+            await self._tick(interval)
             if self.closing:
                 return
+            if self._lock.locked():  # a stage is (re)starting it: its stop is not a death
+                async with self._lock:
+                    pass
+                continue
+            child = self.child
             host = host_factory()
             plan = host.plan
             self.vouch(plan.layout.save_dir)
@@ -361,6 +371,18 @@ class ShopsimService:
                 problem = await self.restart(plan, host, "died")
                 if problem:
                     host.emit("shopsim.restart_failed", problem=problem)
+
+
+    async def _tick(self, interval: float) -> None:
+        """Wait ``interval``, or less: until the ShopSim child we supervise exits. Its death is
+        acted on at once (the trainer stopped, the witness frozen), not at the next look: until
+        then the trainer's rollouts fail against it and may still be saved (issue 17)."""
+        child = self.child
+        with anyio.move_on_after(interval):
+            if WAKE_AT_EXIT and child is not None and child.alive():
+                await child.wait()
+                return
+            await anyio.sleep(interval)
 
 
 def _int(value: object) -> int | None:

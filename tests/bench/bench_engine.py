@@ -13,7 +13,8 @@ What it runs and measures (every daemon is a real ``shoprld run`` process):
    - ``outcome_to_next_spawn_ms``: a stage's outcome -> the next stage's first child spawned
      (its ``stage.spawn`` record is written after the transition AND the child's registration
      are persisted), for the four hand-offs that spawn: EXPORT_HF->VAL (val server),
-     VAL->GATE (gate; minus any wait for the overlapped analyze), GATE->INJECT (curriculum),
+     VAL->GATE (gate; from the later of VAL's outcome and the overlapped analyze's end, as the
+     daemon journals it: ``stage.awaited``), GATE->INJECT (curriculum),
      NEXT_ROUND->TRAIN (emit);
    - ``artifact_to_next_spawn_ms``: the child's last output file's mtime -> the next spawn
      (adds the child's own exit and the daemon's reaping; an upper bound on "stage exit");
@@ -149,12 +150,13 @@ def transition_figures(root: Path, recs: list[dict[str, Any]]) -> dict[str, Any]
         if spawn is None:
             continue
         begin = r["t"]
-        if key == ("VAL", "GATE"):  # GATE first waits for the overlapped analyze: not overhead
-            try:
-                done = (runs_dir(root) / f"round-{r['round']:03d}-online-analysis" / "analysis_summary.json").stat().st_mtime
-                begin = max(begin, done)
-            except OSError:
-                pass
+        if key == ("VAL", "GATE"):  # GATE first waits for the overlapped analyze: not overhead.
+            # Its end as the daemon saw it (``stage.awaited``, journaled when the wait returns);
+            # the summary's mtime would put the analyze process's own exit in the hand-off.
+            awaited = next((x for x in recs[i + 1:] if x["event"] == "stage.awaited" and x.get("role") == "analyze"
+                            and x["t"] <= spawn["t"]), None)
+            if awaited is not None:
+                begin = max(begin, awaited["t"])
         # The child exists from its launcher's started_at; the stage.spawn line comes after its
         # record is persisted (state.json), which no longer delays the child.
         spawned = spawn.get("started_at") or spawn["t"]

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
 from shoprld.daemon.foundation.errors import ShoprldError
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.secrets import Secrets
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
 from shoprld.daemon.foundation.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
@@ -316,3 +317,33 @@ def test_a_rounds_file_ahead_of_the_snapshot_is_the_truth(tmp_path: Path) -> Non
     loaded = Store(tmp_path).load()
     assert loaded is not None and loaded.warning is None and loaded.unrecorded == []
     assert [r["round"] for r in loaded.rounds] == [0, 1]
+
+
+@pytest.mark.parametrize("left", [b"", b'{"schema": 1, "state": "PREF', None], ids=["emptied", "torn", "old"])
+def test_a_transitions_state_json_is_not_fsynced_and_a_host_crash_loses_nothing(
+        demo_campaign: tuple[Path, Config, Layout], left: bytes | None) -> None:
+    """A transition writes state.json without fsync (issue 17: two fsyncs off every hand-off):
+    the transition's journal line, fsynced first, carries the same snapshot. So whatever a host
+    crash leaves of state.json (emptied or torn by the unsynced replace, or the previous file
+    when the rename was lost) loads back as exactly that snapshot, from the journal."""
+    _, cfg, layout = demo_campaign
+    d = layout.state_dir
+    engine = Engine(cfg, layout, Secrets())
+    engine._check_identity()
+    engine._load()
+    before = (d / STATE_FILE).read_bytes() if (d / STATE_FILE).exists() else None
+    engine._transition(None, State.PREFLIGHT_DISK, "start")
+    engine.store.flush_status()
+    engine.store.release_lock()
+    intact = Store(d).load()
+    assert intact is not None and intact.source == "state.json"
+    if left is None:  # the rename never reached the disk: the file before it
+        if before is None:
+            (d / STATE_FILE).unlink()
+        else:
+            (d / STATE_FILE).write_bytes(before)
+    else:
+        (d / STATE_FILE).write_bytes(left)
+    loaded = Store(d).load()
+    assert loaded is not None and loaded.source == "journal", loaded
+    assert loaded.state == {k: v for k, v in intact.state.items() if k != "schema"}  # the file's own stamp
