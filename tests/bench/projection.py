@@ -37,6 +37,7 @@ shoprld's policy, as the recipe configures it:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -61,6 +62,7 @@ class Seed:
                                        4 * HOUR + 33 * 60)
     faults: tuple[Fault, ...] = (Fault("stall", 1, 5.4 * HOUR), Fault("crash", 2))
     step_s: float = 850.0
+    longest_step_s: float = 1589.0       # the slowest step measured (445-1589 s)
     steps_per_round: int = 20
     save_cost_s: float = 180.0
     load_cost_s: float = 180.0
@@ -127,3 +129,48 @@ def project(seed: Seed, policy: Policy) -> Projection:
     return Projection(hours=round(total / HOUR, 2), fault_free_hours=round(seed.fault_free_s() / HOUR, 2),
                       interval_steps=interval, saves_per_round=saves_per_round,
                       save_overhead_h=round(save_overhead / HOUR, 2), fault_costs_h=costs)
+
+
+# Megatron's --async-save: training waits only for the copy of the state to host memory; the
+# write runs behind it. Assumed, not measured here: ~13 GB per rank on 4 GPUs copied at a few
+# GB/s plus the save plan, ~20 s. REFERENCE.md lists its known pains (#1908 hang, #2422 tiny
+# shards, the tracker trailing by one interval).
+ASYNC_SAVE_BLOCKING_S = 20.0
+
+
+def what_it_needs(seed: Seed, target_h: float = 21.0) -> list[dict[str, Any]]:
+    """The projection under each save cost x stall verdict, against ``target_h``: the seed's
+    assumed 3-min synchronous save or an async save's blocking copy; a stall declared after
+    k x the median step (the recipe's k = 3) or after the slowest step ever measured (the
+    least a verdict from step lines alone can wait without killing a healthy slow step)."""
+    rows = []
+    for save_name, cost in (("sync 3 min (assumed)", seed.save_cost_s), ("async, ~20 s blocking (assumed)",
+                                                                       ASYNC_SAVE_BLOCKING_S)):
+        for stall_name, detect in (("k = 3 x median step", 3 * seed.step_s),
+                                   ("the slowest step measured", seed.longest_step_s)):
+            p = project(dataclasses.replace(seed, save_cost_s=cost),
+                        Policy(saves="adaptive", stall_min_s=detect, stall_factor=0.0))
+            rows.append({"save": save_name, "save_blocking_s": cost, "stall_verdict": stall_name,
+                         "stall_detect_s": detect, "interval_steps": p.interval_steps, "hours": p.hours,
+                         "meets": p.hours <= target_h})
+    return rows
+
+
+def replay_floor(*, fault_free_s: float, steps: int, rounds: int, save_s: float, step_s: float, faults: int,
+                 stall_detect_s: float, relaunch_s: float) -> dict[str, Any]:
+    """The replay's least expected faulted / fault-free ratio, for ANY save policy with whole-step
+    intervals: the best interval's extra saves (the round's last save is in the fault-free run
+    too) plus, per fault, the expected re-run (half an interval, and half of the step the fault
+    cut) and a relaunch, plus the stall's detection. What the replay can show at best, before
+    any overhead of the daemon's own."""
+    best: tuple[float, int] | None = None
+    for tau in range(1, max(1, steps // rounds) + 1):
+        extra_saves = max(0.0, steps / tau - rounds) * save_s
+        cost = extra_saves + faults * ((tau + 1) / 2 * step_s + relaunch_s) + stall_detect_s
+        if best is None or cost < best[0]:
+            best = (cost, tau)
+    assert best is not None
+    return {"interval_steps": best[1], "fault_cost_s": round(best[0], 2),
+            "faulted_over_fault_free": round((fault_free_s + best[0]) / fault_free_s, 3) if fault_free_s else None,
+            "inputs": {"fault_free_s": fault_free_s, "save_s": save_s, "step_s": step_s, "faults": faults,
+                       "stall_detect_s": stall_detect_s, "relaunch_s": relaunch_s}}

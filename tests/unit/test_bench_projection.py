@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.projection import HOUR, Fault, Policy, Seed, project, young_daly_steps
+from tests.bench.projection import HOUR, Fault, Policy, Seed, project, replay_floor, what_it_needs, young_daly_steps
 
 
 def test_fault_free_seed_is_its_wall_minus_the_stall() -> None:
@@ -54,3 +54,27 @@ def test_worst_case_loses_a_whole_interval() -> None:
 def test_adaptive_beats_fixed_on_the_seed_night() -> None:
     """On the seed's night, Young/Daly saves cut the projected hours below one save per round."""
     assert project(Seed(), Policy(saves="adaptive")).hours < project(Seed(), Policy(saves="fixed")).hours
+
+
+def test_what_21h_needs_is_the_projection_under_cheaper_saves_and_quicker_verdicts() -> None:
+    """Four rows (sync/async save x k-median/slowest-step verdict); the first is the recipe's
+    projection itself, and each cheaper assumption never costs more hours."""
+    rows = what_it_needs(Seed(), 21.0)
+    assert len(rows) == 4
+    assert rows[0]["hours"] == project(Seed(), Policy(saves="adaptive")).hours
+    assert rows[1]["hours"] <= rows[0]["hours"] and rows[2]["hours"] <= rows[0]["hours"]
+    assert rows[3]["hours"] == min(r["hours"] for r in rows)
+    assert all(r["meets"] == (r["hours"] <= 21.0) for r in rows)
+    assert rows[2]["interval_steps"] < rows[0]["interval_steps"]  # a cheaper save: saved more often
+
+
+def test_replay_floor_is_the_best_whole_step_interval() -> None:
+    """Worked by hand: 100 steps in 5 rounds, 0.3 s saves, 0.88 s steps, 4 faults, 2.65 s stall
+    verdict, no relaunch: interval 4 costs (25 - 5) x 0.3 + 4 x 2.5 x 0.88 + 2.65 = 17.45 s."""
+    f = replay_floor(fault_free_s=112.19, steps=100, rounds=5, save_s=0.3, step_s=0.88, faults=4,
+                     stall_detect_s=2.65, relaunch_s=0.0)
+    assert f["interval_steps"] == 4 and f["fault_cost_s"] == pytest.approx(17.45)
+    assert f["faulted_over_fault_free"] == round((112.19 + 17.45) / 112.19, 3)
+    free = replay_floor(fault_free_s=100.0, steps=100, rounds=5, save_s=0.3, step_s=0.88, faults=0,
+                        stall_detect_s=0.0, relaunch_s=0.0)
+    assert free["interval_steps"] == 20 and free["fault_cost_s"] == 0.0  # no faults: one save per round
