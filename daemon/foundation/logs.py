@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import structlog
 
 from shoprld.daemon.foundation.console import CompactHandler, CompactRenderer
-from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
+from shoprld.daemon.foundation.secrets import NO_REDACTION, RedactingStream, Redactor
 
 
 def redact_processor(redactor: Redactor) -> Callable[[Any, str, dict[str, Any]], dict[str, Any]]:
@@ -42,20 +42,6 @@ def redact_processor(redactor: Redactor) -> Callable[[Any, str, dict[str, Any]],
         return {k: value(v) for k, v in event_dict.items()}
 
     return processor
-
-
-class _RedactingStream:
-    """A text stream that redacts each write: the last line of defence for the log file."""
-
-    def __init__(self, stream: TextIO, redactor: Redactor) -> None:
-        self._stream = stream
-        self._redactor = redactor
-
-    def write(self, text: str) -> int:
-        return self._stream.write(self._redactor.text(text))
-
-    def flush(self) -> None:
-        self._stream.flush()
 
 
 def _shared(redactor: Redactor) -> list[Any]:
@@ -110,12 +96,12 @@ def configure(*, log_file: Path | None = None, json_stdout: bool | None = None, 
             h.close()
     out: logging.Handler
     if compact is not None:
-        out = CompactHandler(_RedactingStream(stream, redactor))
+        out = CompactHandler(RedactingStream(stream, redactor))
         out.setFormatter(structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_shared(redactor),
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, CompactRenderer(compact)]))
     else:
-        out = logging.StreamHandler(_RedactingStream(stream, redactor))  # type: ignore[arg-type]
+        out = logging.StreamHandler(RedactingStream(stream, redactor))  # type: ignore[arg-type]
         out.setFormatter(json_fmt if json_stdout else console_fmt)
     out._shoprld = True  # type: ignore[attr-defined]
     root.addHandler(out)

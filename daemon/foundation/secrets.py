@@ -25,7 +25,7 @@ import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from shoprld.daemon.foundation.errors import ConfigError
 
@@ -79,6 +79,21 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return [self.obj(v) for v in value]
         return value
+
+
+class RedactingStream:
+    """A text stream that redacts each write: the last line of defence for the log file, and a
+    one-shot command's report (``clean`` lists paths, which may hold anything)."""
+
+    def __init__(self, stream: TextIO, redactor: Redactor) -> None:
+        self._stream = stream
+        self._redactor = redactor
+
+    def write(self, text: str) -> int:
+        return self._stream.write(self._redactor.text(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 # What a writer built without a redactor uses: a one-shot command or a reader (no secret to

@@ -171,7 +171,7 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
     camp = open_campaign(config_path)
     cfg, layout = camp.cfg, camp.layout
     refuse_if_running(layout.state_dir, "export-campaign")
-    with OneShotLock(layout.state_dir, "export-campaign"):
+    with OneShotLock(layout.state_dir, "export-campaign", redactor=camp.secrets.redactor):
         state = read_json(layout.state_dir / STATE_FILE)
         if not isinstance(state, dict):
             raise LifecycleError(f"{layout.state_dir / STATE_FILE}: no campaign state to export; "

@@ -55,7 +55,7 @@ from shoprld.daemon.ops.oneshot import (
     tree_bytes,
 )
 from shoprld.daemon.ops.record import record_dir, write_record
-from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.secrets import RedactingStream, Secrets
 from shoprld.daemon.foundation.store import STATE_FILE, atomic_write
 
 _ITER_DIR = re.compile(r"iter_(\d{7,})")
@@ -261,8 +261,8 @@ def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
 
 def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *, out: TextIO | None = None) -> int:
     """``shoprld clean``: write the reproducibility record, then delete this campaign's heavy dirs."""
-    out = out or sys.stdout
     camp = open_campaign(config_path)
+    out = RedactingStream(out or sys.stdout, camp.secrets.redactor)  # type: ignore[assignment]  # its paths may hold anything
     cfg, layout = camp.cfg, camp.layout
     refuse_if_running(layout.state_dir, "clean")
     if dry_run:
@@ -270,7 +270,7 @@ def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *,
         _print_plan(plan, cfg, layout, out, dry_run=True)
         out.write(f"would write the reproducibility record to {record_dir(cfg, layout)}/\n")
         return EXIT_OK
-    with OneShotLock(layout.state_dir, "clean") as store:
+    with OneShotLock(layout.state_dir, "clean", redactor=camp.secrets.redactor) as store:
         plan = plan_clean(cfg, layout, keep_final=keep_final)
         _print_plan(plan, cfg, layout, out, dry_run=False)
         rec, files = write_record(camp, before_clean=True)

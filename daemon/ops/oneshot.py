@@ -19,7 +19,7 @@ from typing import Any
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.errors import EXIT_CONFIG, LockError, ShoprldError
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor, Secrets, load_secrets
 from shoprld.daemon.foundation.status import probe_lock
 from shoprld.daemon.foundation.store import LOCK_FILE, Store
 
@@ -61,8 +61,10 @@ def daemon_holds(state_dir: Path) -> int | None | bool:
 class OneShotLock:
     """Hold the campaign's lock for the whole operation, so no daemon starts in the middle."""
 
-    def __init__(self, state_dir: Path, action: str) -> None:
-        self.store = Store(state_dir)
+    def __init__(self, state_dir: Path, action: str, *, redactor: Redactor = NO_REDACTION) -> None:
+        """``redactor``: what the journal lines the command appends pass through (the campaign's
+        ``.env`` values, as in the daemon; import has no ``.env`` to read yet)."""
+        self.store = Store(state_dir, redactor=redactor)
         self.action = action
 
     def __enter__(self) -> Store:
