@@ -96,10 +96,13 @@ async def run(ctx: RoundContext) -> Outcome:
         problem = await _services_ready(ctx)
         if problem:
             return Outcome.retry(problem)
-        server, restarts = ctx.val_server.child, ctx.shopsim.restarts
+        server, shop, restarts = ctx.val_server.child, ctx.shopsim.child, ctx.shopsim.restarts
         gate_rc = await ctx.run_tool(ChildRole.GATE, cfg.command, cfg, state=STATE)
+        # ShopSim's own process too, not only the supervisor's restart count: a gate that lost
+        # episodes to a dead ShopSim can exit before the supervisor has looked (an adopted
+        # ShopSim's exit is polled), and its manifest says "complete" with dropped pairs.
         if ctx.val_server.child is not server or server is None or not server.alive() \
-                or ctx.shopsim.restarts != restarts:
+                or ctx.shopsim.restarts != restarts or (shop is not None and not shop.alive()):
             # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun
             # it on a healthy stack (the served weights are unchanged, so the result is the same).
             ctx.archive(gate_dir, "the val server or ShopSim died during the gate")

@@ -22,7 +22,7 @@ def test_chaos_quick(tmp_path: Path) -> None:
     kills = int(os.environ.get("SHOPRLD_CHAOS_KILLS", "8"))
     report = run(tmp_path, seed=11, kills=kills, child_kills=0, per_campaign=kills, faults=False)
     _check(report)
-    assert report.daemon_kills >= kills and report.daemon_kills_after_startup >= 1
+    assert report.daemon_kills >= kills
 
 
 @pytest.mark.slow
@@ -36,5 +36,3 @@ def test_chaos_full(tmp_path: Path) -> None:
     print(report)
     _check(report)
     assert report.daemon_kills >= 200 and sum(report.child_kills.values()) >= 50
-    # Three in four wait for start-up to end (chaos.STARTUP_KILL_SHARE): at least half of all land past it.
-    assert report.daemon_kills_after_startup >= report.daemon_kills // 2, report
