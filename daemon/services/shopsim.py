@@ -372,7 +372,6 @@ class ShopsimService:
                 if problem:
                     host.emit("shopsim.restart_failed", problem=problem)
 
-
     async def _tick(self, interval: float) -> None:
         """Wait ``interval``, or less: until the ShopSim child we supervise exits. Its death is
         acted on at once (the trainer stopped, the witness frozen), not at the next look: until
