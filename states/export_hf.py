@@ -6,7 +6,10 @@ the files are not older than this round's checkpoint. The converter route
 (``"convert"``, or the fallback when the save_hf dir is stale or torn and a converter
 command is configured): convert ``iter_N`` into a temp dir on the same volume, verify,
 then swap it in atomically, so a half-written export is never served.
-A manifest (``artifacts/export/<round>.json``) records the iteration and the file sizes.
+A manifest (``artifacts/export/<round>.json``) records the iteration, the file sizes and the
+newest shard's mtime: the next round's save_hf dir must be newer than that (the shards a
+trainer stopped before ``--save-hf`` leaves behind are the previous round's, whatever the
+clock says; see ``hfexport``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,17 @@ def _commit_time(ctx: RoundContext) -> float | None:
     return common.stat().st_mtime if common.exists() else c.committed_at
 
 
+def _previous_export_mtime(ctx: RoundContext) -> float | None:
+    """The newest shard mtime of the previous round's export of this same dir (None: none recorded)."""
+    if ctx.round == 0:
+        return None
+    rec = ctx.read_record("export", ctx.for_round(ctx.round - 1).round_id)
+    if not rec or rec.get("hf_dir") != str(ctx.hf_dir):
+        return None
+    newest = rec.get("newest_mtime")
+    return float(newest) if isinstance(newest, (int, float)) and not isinstance(newest, bool) else None
+
+
 def completed(ctx: RoundContext) -> bool:
     """The manifest names this round's iteration and the dir still matches it."""
     rec = ctx.read_record("export")
@@ -50,7 +64,8 @@ async def run(ctx: RoundContext) -> Outcome:
     not_before = _commit_time(ctx)
     if not_before is None:
         return Outcome.fail(f"{ctx.layout.save_dir}: {ctx.plan.checkpoint_name} is not complete; TRAIN must rerun")
-    check = hfexport.verify(ctx.hf_dir, not_before=not_before) if spec.mode == "save_hf" else None
+    check = (hfexport.verify(ctx.hf_dir, not_before=not_before, newer_than=_previous_export_mtime(ctx))
+             if spec.mode == "save_hf" else None)
     if check is None or not check.ok:
         if check is not None:
             ctx.emit("export.save_hf_invalid", detail=check.detail)
@@ -73,7 +88,7 @@ async def run(ctx: RoundContext) -> Outcome:
     else:
         route = "save_hf"
     rec = {"round": ctx.round, "round_id": ctx.round_id, "iteration": ctx.end_iteration, "route": route,
-           "hf_dir": str(ctx.hf_dir), "files": check.files}
+           "hf_dir": str(ctx.hf_dir), "files": check.files, "newest_mtime": check.newest_mtime}
     ctx.record_path("export").parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(ctx.record_path("export"), rec)
     ctx.emit("export.verified", iteration=ctx.end_iteration, route=route, detail=check.detail)

@@ -5,7 +5,11 @@ overwrites every round. Before serving it, EXPORT_HF checks that the index
 (``model.safetensors.index.json``) covers every shard, that every shard's header parses
 and that each shard's size equals header + the end of its last tensor, and that the
 files were written at or after this round's checkpoint (so a stale export from the
-previous round is never served as this round's).
+previous round is never served as this round's). The mtime test has a slack (below), so when
+two rounds' saves fall closer together than it (the demo's rounds take seconds), the test
+that decides is the other one: every shard is newer than the newest shard of the export that
+EXPORT_HF verified last in the same dir (a trainer stopped between its Megatron save and
+``--save-hf``'s rewrite leaves those very files).
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ def _shard_ok(path: Path) -> str | None:
     return None
 
 
-def verify(hf_dir: Path, *, not_before: float | None = None) -> HfCheck:
-    """Check the HF dir; ``not_before`` is the checkpoint's commit time (epoch seconds)."""
+def verify(hf_dir: Path, *, not_before: float | None = None, newer_than: float | None = None) -> HfCheck:
+    """Check the HF dir; ``not_before`` is the checkpoint's commit time (epoch seconds),
+    ``newer_than`` the newest shard mtime of the export verified before this one in this dir."""
     index_path = hf_dir / INDEX
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
@@ -91,6 +96,10 @@ def verify(hf_dir: Path, *, not_before: float | None = None) -> HfCheck:
     files["config.json"] = (hf_dir / "config.json").stat().st_size
     if not_before is not None and min(mtimes) < not_before - _MTIME_SLACK_S:
         return HfCheck(False, f"{hf_dir}: shards are older than this round's checkpoint (a previous round's export)",
+                       files, max(mtimes), min(mtimes))
+    if newer_than is not None and min(mtimes) <= newer_than:
+        return HfCheck(False, f"{hf_dir}: shards not rewritten since the previous export was verified "
+                              "(the save stopped before --save-hf wrote this round's)",
                        files, max(mtimes), min(mtimes))
     return HfCheck(True, f"{len(shards)} shards, {sum(files.values())} bytes", files, max(mtimes), min(mtimes))
 
