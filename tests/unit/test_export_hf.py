@@ -46,8 +46,16 @@ def write_hf(d: Path, payload: bytes, at: float) -> None:
         os.utime(p, (at, at))
 
 
+Events = list[tuple[str, dict[str, object]]]
+
+
 @pytest.fixture
-def round1(tmp_path: Path) -> RoundContext:
+def events() -> Events:
+    return []
+
+
+@pytest.fixture
+def round1(tmp_path: Path, events: Events) -> RoundContext:
     (tmp_path / "repo").mkdir()
     toml = tmp_path / "c.toml"
     toml.write_text('[campaign]\nname = "ex"\nexperiment = "e"\nrounds = 3\nsteps_per_round = 2\n'
@@ -55,7 +63,7 @@ def round1(tmp_path: Path) -> RoundContext:
                     '[train]\ncommand = ["{python}", "t.py"]\n[wandb]\nenabled = false\n')
     cfg = load_config(toml)
     assert cfg.export.mode == "save_hf" and not cfg.export.command  # the seed's route, no converter
-    return standalone_context(RoundPlan(cfg, Layout.from_config(cfg, environ={}), 1))
+    return standalone_context(RoundPlan(cfg, Layout.from_config(cfg, environ={}), 1), events=events)
 
 
 def _export(ctx: RoundContext) -> export_hf.Outcome:
@@ -82,13 +90,15 @@ def _commit(ctx: RoundContext, at: float) -> None:
     os.utime(common, (at, at))
 
 
-def test_the_previous_rounds_shards_inside_the_slack_are_refused(round1: RoundContext) -> None:
+def test_the_previous_rounds_shards_inside_the_slack_are_refused(round1: RoundContext, events: Events) -> None:
     """Round 1's save committed 4.3 s after round 0's shards (inside the 5 s slack) and --save-hf
     never ran: refused, naming why; nothing recorded for round 1. Fails without the record test."""
     _round0_exported_then_round1_saved(round1, gap_s=4.3)
     out = _export(round1)
     assert out.kind == "retry", out
     assert "not rewritten since the previous export" in out.message
+    invalid = [fields["detail"] for event, fields in events if event == "export.save_hf_invalid"]
+    assert len(invalid) == 1 and "not rewritten since the previous export" in str(invalid[0])
     assert round1.read_record("export") is None and not export_hf.completed(round1)
 
 
