@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from shoprld.daemon.services.valserver import ValServerService
 
 # Re-exported for the stages and the engine, which name them through this module.
-__all__ = ["Clock", "Outcome", "OutcomeKind", "RoundContext", "StageCompleted", "StageRun", "StopFlags",
-           "SystemClock", "read_json", "round_id"]
+__all__ = ["Clock", "Outcome", "OutcomeKind", "RoundContext", "ServiceWatch", "StageCompleted", "StageRun",
+           "StopFlags", "SystemClock", "read_json", "round_id"]
 
 OutcomeKind = Literal["done", "retry", "fail", "gate_stop", "disk", "stopped"]
 
@@ -283,6 +283,29 @@ class RoundContext:
         self.emit("stage.exit", role=role, pid=child.pid, returncode=rc)
         return rc
 
+
+
+@dataclass(frozen=True)
+class ServiceWatch:
+    """The val server's and ShopSim's processes as a tool starts (VAL's bare val, the gate), to
+    ask once it ends whether either died while it ran: the tools exit 0 and still write a
+    "complete" result whose episodes failed against a dead service (lost from the summary's
+    coverage, dropped from the gate's pairs). An adopted ShopSim's exit is only polled, so its
+    own process is asked too, not only the supervisor's restart count."""
+
+    server: Child | None
+    shop: Child | None
+    restarts: int
+
+    @classmethod
+    def now(cls, ctx: RoundContext) -> ServiceWatch:
+        return cls(ctx.val_server.child, ctx.shopsim.child, ctx.shopsim.restarts)
+
+    def broken(self, ctx: RoundContext) -> bool:
+        """Did the val server or ShopSim die (or get replaced) since :meth:`now`?"""
+        server = self.server
+        return (ctx.val_server.child is not server or server is None or not server.alive()
+                or ctx.shopsim.restarts != self.restarts or (self.shop is not None and not self.shop.alive()))
 
 
 StageRun = Callable[[RoundContext], Awaitable[Outcome]]

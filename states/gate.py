@@ -9,8 +9,8 @@ errors is a "silent empty" analysis (journaled, recorded, ``gate.empty_analysis`
 ``online-gate`` runs on the same frozen val server and writes ``online_gate_manifest.json``:
 ``complete`` even with dropped pairs (recorded), ``incomplete`` when its regression fails; an
 error before any rollout exits 1 with no manifest, which counts as incomplete. A gate that a crashed daemon left running is waited for; a gate dir it
-finished (manifest ``complete``, written last, for this round's weights) is reused, and any
-other leftover is archived and the gate reruns on a healthy stack. The configured policy
+finished (manifest ``complete``, written last, for this round's weights, no dropped pair) is
+reused, and any other leftover is archived and the gate reruns on a healthy stack. The configured policy
 says what an incomplete gate means: ``continue`` without new skills (the seed's), ``retry``
 the gate, or ``stop`` the campaign (exit 5).
 Then the val server's whole process group is stopped, because training needs its GPUs
@@ -33,7 +33,7 @@ from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.foundation.toolfiles import Analysis, GateResult, read_analysis, read_gate
 from shoprld.daemon.foundation.toolout import ToolOutputError
 
-from .base import Outcome, RoundContext
+from .base import Outcome, RoundContext, ServiceWatch
 
 STATE = State.GATE
 ADOPTS: tuple[ChildRole, ...] = (ChildRole.ANALYZE, ChildRole.GATE, ChildRole.VAL_SERVER)
@@ -92,17 +92,13 @@ async def run(ctx: RoundContext) -> Outcome:
     if _finished(ctx, gate_dir):
         ctx.emit("gate.reused", path=str(gate_dir), note="complete before the daemon restarted")
     else:
-        ctx.archive(gate_dir, "left by an interrupted attempt")  # start fresh (frozen weights)
+        ctx.archive(gate_dir, _leftover(gate_dir))  # start fresh (frozen weights)
         problem = await _services_ready(ctx)
         if problem:
             return Outcome.retry(problem)
-        server, shop, restarts = ctx.val_server.child, ctx.shopsim.child, ctx.shopsim.restarts
+        watch = ServiceWatch.now(ctx)
         gate_rc = await ctx.run_tool(ChildRole.GATE, cfg.command, cfg, state=STATE)
-        # ShopSim's own process too, not only the supervisor's restart count: a gate that lost
-        # episodes to a dead ShopSim can exit before the supervisor has looked (an adopted
-        # ShopSim's exit is polled), and its manifest says "complete" with dropped pairs.
-        if ctx.val_server.child is not server or server is None or not server.alive() \
-                or ctx.shopsim.restarts != restarts or (shop is not None and not shop.alive()):
+        if watch.broken(ctx):
             # An "incomplete" gate must mean the skills, not a dead val server or ShopSim: rerun
             # it on a healthy stack (the served weights are unchanged, so the result is the same).
             ctx.archive(gate_dir, "the val server or ShopSim died during the gate")
@@ -183,14 +179,19 @@ async def _services_ready(ctx: RoundContext) -> str | None:
 
 
 def _finished(ctx: RoundContext, gate_dir: Path) -> bool:
-    """A gate dir that an earlier attempt finished for this round's weights: the manifest
-    (written last) says ``complete`` and the SkillBank is there. Only ``complete`` is reused:
-    an ``incomplete`` one may be the work of a val server that died with the old daemon."""
+    """A gate dir that an earlier attempt finished for this round's weights, unwatched (its
+    daemon died): the manifest (written last) says ``complete``, with no dropped pair, and the
+    SkillBank is there. Only a whole ``complete`` is reused: an ``incomplete`` one, or one
+    that dropped pairs, may be the work of a val server or ShopSim that died while no daemon
+    watched (the check after a watched gate cannot be made afterwards); it is rerun, whose
+    drops, if any, are then the gate's own."""
     try:
         result = read_gate(gate_dir)
     except ToolOutputError:
         return False
     if result is None or result.status != "complete" or not (gate_dir / "selected_skillbank.json").is_file():
+        return False
+    if result.dropped:
         return False
     if result.weight_version is not None:  # only the old stand-in recorded the served weights
         return bool(result.weight_version == ctx.weight_version)
@@ -198,6 +199,18 @@ def _finished(ctx: RoundContext, gate_dir: Path) -> bool:
         return (gate_dir / "online_gate_manifest.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
     except FileNotFoundError:
         return False
+
+
+def _leftover(gate_dir: Path) -> str:
+    """Why a gate dir an earlier attempt left is not reused (the archive's reason)."""
+    try:
+        result = read_gate(gate_dir)
+    except ToolOutputError:
+        result = None
+    if result is not None and result.status == "complete" and result.dropped:
+        return (f"complete, but {result.dropped} pair(s) dropped while no daemon watched the val server "
+                "and ShopSim")
+    return "left by an interrupted attempt"
 
 
 def _last_line(log: Path) -> str:

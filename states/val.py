@@ -15,6 +15,12 @@ export). A torn summary or one of the wrong shape is one line, and the stage ret
 interrupted or incomplete attempt is archived and the next attempt starts fresh (the tool's
 3-attempts-per-episode budget would otherwise make the summary depend on the history). A bare
 val that a crashed daemon left running is waited for, and its summary used when it covers.
+
+Failed episodes are trusted only when a daemon watched the services while they failed: a
+bare val during which the val server or ShopSim died is rerun unless every episode completed
+(``ServiceWatch``), and a partial summary that no daemon watched being made (its daemon died:
+the summary has no ``artifacts/val/<round>.json`` record naming it) is rerun too. A whole one
+(no failed episode) is used whoever watched it.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from pathlib import Path
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.toolfiles import BareSummary, read_bare_summary
+from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.foundation.toolout import ToolOutputError
 
-from .base import Outcome, RoundContext
+from .base import Outcome, RoundContext, ServiceWatch
 
 STATE = State.VAL
 ADOPTS: tuple[ChildRole, ...] = (ChildRole.VAL_SERVER, ChildRole.ANALYZE, ChildRole.VAL)
@@ -66,16 +73,37 @@ def _judge(ctx: RoundContext) -> tuple[BareSummary | None, str | None]:
     return summary, None if fresh else f"{path}: older than this round's export (another round's weights)"
 
 
+def _whole(summary: BareSummary) -> bool:
+    return summary.failed == 0 and summary.coverage >= 1.0
+
+
+def _summary_stamp(ctx: RoundContext) -> int | None:
+    try:
+        return (_run_dir(ctx) / "summary.json").stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def _watched(ctx: RoundContext, summary: BareSummary) -> bool:
+    """Whole, or judged by the daemon that watched the services while it was made (its record
+    names this very summary file)."""
+    if _whole(summary):
+        return True
+    rec = ctx.read_record("val")
+    return bool(rec) and rec.get("summary_mtime_ns") == _summary_stamp(ctx)
+
+
 def completed(ctx: RoundContext) -> bool:
-    """summary.json covers enough of the split for this round's weights."""
+    """summary.json covers enough of the split for this round's weights (and its failed
+    episodes, if any, were watched)."""
     summary, problem = _judge(ctx)
-    return summary is not None and problem is None
+    return summary is not None and problem is None and _watched(ctx, summary)
 
 
 async def run(ctx: RoundContext) -> Outcome:
     if await ctx.await_child(ChildRole.VAL, ctx.cfg.val.timeout):  # a crashed daemon's, still running
         summary, problem = _judge(ctx)
-        if summary is not None and problem is None:
+        if summary is not None and problem is None and _watched(ctx, summary):
             return _done(ctx, summary)
     problem = await ctx.val_server.ensure_ready(ctx.plan, ctx)
     if problem:
@@ -83,7 +111,7 @@ async def run(ctx: RoundContext) -> Outcome:
     # A run dir left by an interrupted attempt is archived, not resumed: the summary then
     # equals an uninterrupted run's (its attempt counts would differ), and the weights are
     # the same, so only the time of the partial run is lost.
-    ctx.archive(_run_dir(ctx), "left by an interrupted attempt")
+    ctx.archive(_run_dir(ctx), _leftover(ctx))
     problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the bare val")
     if problem:
         return Outcome.retry(problem)
@@ -95,15 +123,32 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the bare val")
     if problem:
         return Outcome.retry(problem)
+    watch = ServiceWatch.now(ctx)
     rc = await ctx.run_tool(ChildRole.VAL, ctx.cfg.val.command, ctx.cfg.val, state=STATE)
     summary, problem = _judge(ctx)
+    if watch.broken(ctx) and not (summary is not None and problem is None and _whole(summary)):
+        # Episodes lost to a dead service are not the policy's failures: rerun on a healthy stack.
+        ctx.archive(_run_dir(ctx), "the val server or ShopSim died during the bare val")
+        return Outcome.retry("the val server or ShopSim died during the bare val; rerunning it")
     if summary is not None and problem is None:
         return _done(ctx, summary)
     # The next attempt archives this run dir and starts fresh (see above).
     return Outcome.retry(f"{problem} (val.command exited {rc}); rerunning it fresh")
 
 
+def _leftover(ctx: RoundContext) -> str:
+    """Why the run dir an earlier attempt left is not used (the archive's reason)."""
+    summary, problem = _judge(ctx)
+    if summary is not None and problem is None and not _watched(ctx, summary):
+        return f"{summary.failed} episode(s) failed while no daemon watched the val server and ShopSim"
+    return "left by an interrupted attempt"
+
+
 def _done(ctx: RoundContext, summary: BareSummary) -> Outcome:
+    rec = {"round": ctx.round, "round_id": ctx.round_id, "coverage": summary.coverage, "failed": summary.failed,
+           "requested": summary.requested, "summary_mtime_ns": _summary_stamp(ctx)}
+    ctx.record_path("val").parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(ctx.record_path("val"), rec)
     ctx.emit("val.summary", coverage=summary.coverage, failed=summary.failed, requested=summary.requested,
              primary=summary.primary)
     if summary.coverage < 1.0:
