@@ -29,8 +29,8 @@ from pathlib import Path
 
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.toolfiles import BareSummary, read_bare_summary
 from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.toolfiles import BareSummary, read_bare_summary
 from shoprld.daemon.foundation.toolout import ToolOutputError
 
 from .base import Outcome, RoundContext, ServiceWatch

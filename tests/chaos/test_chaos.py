@@ -36,3 +36,5 @@ def test_chaos_full(tmp_path: Path) -> None:
     print(report)
     _check(report)
     assert report.daemon_kills >= 200 and sum(report.child_kills.values()) >= 50
+    # Most kills land in the campaign's work, not in the daemon's start-up (chaos.py: the timing).
+    assert report.daemon_kills_after_startup >= report.daemon_kills // 2, report
