@@ -8,10 +8,13 @@ launches, values and paths run the production code.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.services.processes import Child, Launcher, LocalLauncher, SystemClock
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.services.shopsim import ShopsimService
@@ -49,3 +52,16 @@ def standalone_context(plan: RoundPlan, *, launcher: Launcher | None = None, htt
         register_child=lambda child: children.__setitem__(child.record.role, child),
         unregister_child=unregister, find_child=find, stop=NoStop(),
     )
+
+
+def minimal_context(root: Path, round_index: int, *, rounds: int = 2,
+                    events: list[tuple[str, dict[str, Any]]] | None = None) -> RoundContext:
+    """Round ``round_index`` of the smallest campaign the config accepts (a trainer command, no
+    services), laid out under ``root``: for tests of one stage's decisions on files."""
+    (root / "repo").mkdir(exist_ok=True)
+    toml = root / "c.toml"
+    toml.write_text(f'[campaign]\nname = "rd"\nexperiment = "e"\nrounds = {rounds}\nsteps_per_round = 2\n'
+                    '[storage]\nrepo = "repo"\nephemeral_root = "eph"\nstate_dir = "st"\n'
+                    '[train]\ncommand = ["{python}", "t.py"]\n[wandb]\nenabled = false\n')
+    cfg = load_config(toml)
+    return standalone_context(RoundPlan(cfg, Layout.from_config(cfg, environ={}), round_index), events=events)

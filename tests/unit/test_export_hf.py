@@ -19,12 +19,9 @@ import pytest
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import hfexport
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.round.plan import RoundPlan
 from shoprld.states import export_hf
 from shoprld.states.base import RoundContext
-from tests.roundctx import standalone_context
+from tests.roundctx import minimal_context
 from tests.unit.test_roundplan import commit_checkpoint
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -56,14 +53,9 @@ def events() -> Events:
 
 @pytest.fixture
 def round1(tmp_path: Path, events: Events) -> RoundContext:
-    (tmp_path / "repo").mkdir()
-    toml = tmp_path / "c.toml"
-    toml.write_text('[campaign]\nname = "ex"\nexperiment = "e"\nrounds = 3\nsteps_per_round = 2\n'
-                    '[storage]\nrepo = "repo"\nephemeral_root = "eph"\nstate_dir = "st"\n'
-                    '[train]\ncommand = ["{python}", "t.py"]\n[wandb]\nenabled = false\n')
-    cfg = load_config(toml)
-    assert cfg.export.mode == "save_hf" and not cfg.export.command  # the seed's route, no converter
-    return standalone_context(RoundPlan(cfg, Layout.from_config(cfg, environ={}), 1), events=events)
+    ctx = minimal_context(tmp_path, 1, rounds=3, events=events)
+    assert ctx.cfg.export.mode == "save_hf" and not ctx.cfg.export.command  # the seed's route, no converter
+    return ctx
 
 
 def _export(ctx: RoundContext) -> export_hf.Outcome:

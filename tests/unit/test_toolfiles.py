@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.foundation.toolfiles import read_analysis, read_bare_summary, read_gate
 from shoprld.daemon.foundation.toolout import ToolOutputError
 from shoprld.states import gate as gate_state
 from shoprld.states import val as val_state
-from tests.roundctx import standalone_context
+from tests.roundctx import minimal_context
 
 SHA = "ab" * 32
 
@@ -126,14 +123,7 @@ def test_a_bad_analysis_summary_is_one_line_naming_the_file(tmp_path: Path, text
 # -- the bare summary.json and the gate manifest, through the stages' own judges -------------------
 @pytest.fixture
 def ctx(tmp_path: Path):  # type: ignore[no-untyped-def]
-    (tmp_path / "repo").mkdir()
-    toml = tmp_path / "c.toml"
-    toml.write_text('[campaign]\nname = "rd"\nexperiment = "e"\nrounds = 2\nsteps_per_round = 2\n'
-                    '[storage]\nrepo = "repo"\nephemeral_root = "eph"\nstate_dir = "st"\n'
-                    '[train]\ncommand = ["{python}", "t.py"]\n[wandb]\nenabled = false\n')
-    cfg = load_config(toml)
-    lay = Layout.from_config(cfg, environ={})
-    c = standalone_context(RoundPlan(cfg, lay, 1))
+    c = minimal_context(tmp_path, 1)
     c.record_path("export").parent.mkdir(parents=True)
     c.record_path("export").write_text("{}")
     return c
