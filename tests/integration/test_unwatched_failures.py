@@ -125,7 +125,7 @@ def test_a_partial_result_no_daemon_watched_is_rerun(reference: Path, tmp_path: 
     try:
         wait_for(lambda: (tmp_path / "marks" / "faulted").exists(), 120, f"the faulted {stage}")
         daemon.send_signal(signal.SIGKILL)
-        daemon.wait(timeout=30)
+        daemon.communicate(timeout=30)
     finally:
         if daemon.poll() is None:
             daemon.kill()
