@@ -8,11 +8,10 @@ the campaign and cache layout, the managed ``runs/`` link and the ballast file.
 
 from __future__ import annotations
 
-from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.preflight import preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.preflight import budget_for, need_line, preflight_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.foundation.roles import ChildRole
 
 from .base import Outcome, RoundContext
@@ -27,20 +26,23 @@ def completed(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    last = ckpt.scan(ctx.layout.save_dir).latest_complete
     # A TMPDIR too long for a unix socket fails Megatron's first save hours in: refuse now.
     tmp = tmpdir_problems(ctx.cfg, ctx.layout, ctx.values())
     if tmp:
         raise PreflightError(tmp[0].line())
-    problems = preflight_problems(ctx.cfg, ctx.layout, last_checkpoint_bytes=last.bytes if last else None)
+    problems = preflight_problems(ctx.cfg, ctx.layout)
     if problems:
         raise PreflightError(problems[0].line())
     ctx.layout.ensure(ctx.cfg)
-    problems = preflight_problems(ctx.cfg, ctx.layout, last_checkpoint_bytes=last.bytes if last else None)
+    problems = preflight_problems(ctx.cfg, ctx.layout)
     problems += real_stack_problems(ctx.cfg, ctx.values())
     if problems:
         raise PreflightError(problems[0].line())
-    ballast = Ballast(ctx.layout.ballast, ctx.cfg.disk.ballast)
-    if ctx.cfg.disk.ballast and not ballast.ensure():
-        ctx.emit("disk.ballast_failed", path=str(ctx.layout.ballast), bytes=ctx.cfg.disk.ballast)
+    b = budget_for(ctx.cfg, ctx.layout)
+    ctx.emit("disk.budget", need_bytes=b.need_bytes, free_bytes=b.free_bytes, ok=b.ok,
+             soft_limit_bytes=b.limits.soft_bytes, hard_limit_bytes=b.limits.hard_bytes,
+             line=need_line(ctx.cfg, b))
+    ballast = Ballast(ctx.layout.ballast, ctx.cfg.disk.ballast_bytes)
+    if ctx.cfg.disk.ballast_bytes and not ballast.ensure():
+        ctx.emit("disk.ballast_failed", path=str(ctx.layout.ballast), bytes=ctx.cfg.disk.ballast_bytes)
     return Outcome.done("volume ok")

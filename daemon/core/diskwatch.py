@@ -17,7 +17,7 @@ import structlog
 from shoprld.states import base
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import disk, retention
+from shoprld.daemon.foundation import disk, diskbudget, retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import DiskSection
 from shoprld.daemon.foundation.reclaim import clear_dir_contents
@@ -33,11 +33,11 @@ class DiskWatch:
         self.root = root
         self.guard: disk.Guard | None = None  # the monitor's, once it runs (after PREFLIGHT_DISK)
 
-    def limits(self, cfg: DiskSection, checkpoint_bytes: int | None) -> disk.Limits:
+    def limits(self, cfg: DiskSection, checkpoint_bytes: int | None) -> diskbudget.Limits:
         """The limits for the measured checkpoint size (the configured estimate before one)."""
         size = int(checkpoint_bytes or cfg.checkpoint_estimate)
-        return disk.limits(disk.sample(self.root).total_bytes, size, soft_override=cfg.soft_limit,
-                           hard_override=cfg.hard_limit)
+        return diskbudget.limits(disk.sample(self.root).total_bytes, size, soft_override=cfg.soft_limit,
+                                 hard_override=cfg.hard_limit)
 
     def limit_fields(self, cfg: DiskSection, checkpoint_bytes: int | None) -> dict[str, int]:
         lim = self.limits(cfg, checkpoint_bytes)
@@ -64,14 +64,14 @@ class DiskWatch:
     async def wait_for_space(self, cfg: DiskSection, checkpoint_bytes: int | None,
                              monotonic: Callable[[], float]) -> None:
         """Parked with ``--wait-for-space``: until the guard's rule says OK for ``disk.settle`` s."""
-        guard = self.guard or disk.Guard(self.limits(cfg, checkpoint_bytes), hysteresis_bytes=cfg.hysteresis)
+        guard = self.guard or disk.Guard(self.limits(cfg, checkpoint_bytes), hysteresis_bytes=cfg.hysteresis_bytes)
         await disk.wait_for_space(self.root, guard, settle=cfg.settle, interval=cfg.interval, monotonic=monotonic)
 
     async def monitor(self, cfg: DiskSection, checkpoint_bytes: int | None,
                       on_sample: Callable[[dict[str, Any]], None],
                       on_change: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         """Run the monitor: each sample's status line to ``on_sample``, level changes to ``on_change``."""
-        guard = self.guard = disk.Guard(self.limits(cfg, checkpoint_bytes), hysteresis_bytes=cfg.hysteresis)
+        guard = self.guard = disk.Guard(self.limits(cfg, checkpoint_bytes), hysteresis_bytes=cfg.hysteresis_bytes)
 
         async def emit(ev: dict[str, Any]) -> None:
             if ev["event"] != "disk.sample":

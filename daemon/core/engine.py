@@ -89,7 +89,7 @@ class Engine:
         self.send, self.recv = anyio.create_memory_object_stream[Event](256)
         self.kids = Children(self.launcher, on_register=self._on_register,
                              on_unregister=lambda: self.view.write_status(force=True), journal=self._journal)
-        self.shopsim = ShopsimService(witness=layout.state_dir / "shopsim.witness")
+        self.shopsim = ShopsimService(witness=layout.shopsim_witness)
         self.val_server = ValServerService()
         self.stop = StopRequest()
         # The machine's memory between decisions (round, attempt, retries, a pending park).
@@ -117,7 +117,8 @@ class Engine:
                                  notifier=self.notifier, attempts=self.attempts, after_round=self._check_hygiene)
         self.reactions = Reactions(self.view, cfg=cfg_now, layout=layout, machine=self.machine,
                                    counters=lambda: self.counters, disk=self.disk, notifier=self.notifier,
-                                   stop=self.stop, apply=self._apply, send=self.send)
+                                   stop=self.stop, apply=self._apply, send=self.send,
+                                   vouch=lambda: self.shopsim.vouch(layout.save_dir))
         self.ending = Shutdown(self.view, cfg=cfg_now, layout=layout, machine=self.machine, round=round_now,
                                disk=self.disk, notifier=self.notifier, clock=self.clock,
                                wait_for_space=wait_for_space, cancel_stage=self._cancel_stage,

@@ -52,9 +52,10 @@ class Reactions:
 
     def __init__(self, view: Snapshot, *, cfg: Callable[[], Config], layout: Layout, machine: Machine,
                  counters: Callable[[], Counters], disk: DiskWatch, notifier: Notifier, stop: StopRequest,
-                 apply: Apply, send: ObjectSendStream[Event]) -> None:
+                 apply: Apply, send: ObjectSendStream[Event], vouch: Callable[[], None]) -> None:
         self.view, self._cfg, self.layout, self.machine, self._counters = view, cfg, layout, machine, counters
         self.disk, self.notifier, self.stop, self._apply, self.send = disk, notifier, stop, apply, send
+        self._vouch = vouch  # ShopSim's witness, brought up to date before a prune reads it
 
     async def stop_requested(self, mode: str) -> int | None:
         """``shoprld stop``: now, or at the next checkpoint, or after the round (``decide`` reads the mode)."""
@@ -77,6 +78,7 @@ class Reactions:
         self.view.write_status(force=True)
         self.disk.follow_checkpoint(cfg.disk, self.view.checkpoint_bytes())
         if self.machine.state is State.TRAIN:  # issue 17: a save supersedes the round's older ones
+            self._vouch()  # issue 25: a vouched save also supersedes the oldest kept final
             deleted, freed = saves.prune_superseded(cfg, self.layout, self._counters().round)
             if deleted:
                 self.view.journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")

@@ -65,7 +65,7 @@ class Shutdown:
         fields: dict[str, Any] = {"resume_from": {"round": self._round(), "state": src.value}} \
             if isinstance(ending, Stop) else {}
         if isinstance(ending, Park):
-            Ballast(self.layout.ballast, cfg.disk.ballast).release()
+            Ballast(self.layout.ballast, cfg.disk.ballast_bytes).release()
         if not isinstance(ending, Exit):  # a stage's configuration error leaves ShopSim for the next start
             await self._stop_children()
         if isinstance(ending, Park):

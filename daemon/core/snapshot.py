@@ -187,8 +187,19 @@ class Snapshot:
             round_started_at=self.round_started_at, now=self.clock.time(),
             train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
             deadline=self.state_data.get("deadline"), free_bytes=disk.get("free_bytes"),
-            hard_limit_bytes=disk.get("hard_limit_bytes"),
-            need_bytes=forecast_for(cfg, last.get("bytes") or None).total)
+            hard_limit_bytes=disk.get("hard_limit_bytes"), need_bytes=self._next_round_need(cfg, disk, last))
+
+    @staticmethod
+    def _next_round_need(cfg: Config, disk: dict[str, Any], last: dict[str, Any]) -> int:
+        """Bytes above the hard limit the next round needs: its save (with everything else of the
+        peak on the volume by then, once a checkpoint exists), the margin, and the room up to
+        the soft limit, which a save must not end below (the budget of preflight.budget_for)."""
+        fc = forecast_for(cfg, last.get("bytes") or None)
+        if last.get("bytes"):
+            fc = forecast_for(cfg, last["bytes"], present_bytes=fc.peak_bytes - fc.checkpoint_bytes)
+        soft, hard = disk.get("soft_limit_bytes"), disk.get("hard_limit_bytes")
+        gap = soft - hard if isinstance(soft, int) and isinstance(hard, int) and soft > hard else 0
+        return fc.total + gap
 
     def _warn_plan(self) -> None:
         """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""

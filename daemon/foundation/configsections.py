@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
+from shoprld.daemon.foundation.diskbudget import floor_unit
 from shoprld.daemon.foundation.configvalues import (
     MAX_COUNT,
     MAX_ROUNDS,
@@ -94,17 +95,36 @@ class DiskSection(FrozenModel):
     forbid_same_fs: Bool = True
     # 0 would spin the sampler (and asyncio.sleep(nan) never wakes): a real period, > 0.
     interval: Duration = Field(default=5.0, gt=0)
+    # Unset sizes derive from checkpoint_estimate (diskbudget.floor_unit, 1/64 of it), so a
+    # campaign scaled down 1024x behaves the same: floors 1 and 2 units, margin 2 units,
+    # hysteresis and ballast a quarter unit (for 53 GiB: 0.83/1.66 GiB floors, 1.66 GiB margin,
+    # 212 MiB hysteresis and ballast).
     soft_limit: Size | None = None
     hard_limit: Size | None = None
-    hysteresis: Size = 64 * 1024**2
+    hysteresis: Size | None = None
     checkpoint_estimate: Size = 53 * 1024**3
     hf_estimate: Size = 9 * 1024**3
-    margin: Size = 2 * 1024**3
+    margin: Size | None = None
     min_inodes: Int = Field(default=10_000, ge=0, le=2**62)
     keep_finals: Int = Field(default=1, ge=1)
-    ballast: Size = 256 * 1024**2
+    ballast: Size | None = None
     wait_for_space: Bool = False
     settle: Duration = 30.0
+
+    @property
+    def margin_bytes(self) -> int:
+        """``margin``, else two floor units of the checkpoint estimate."""
+        return self.margin if self.margin is not None else 2 * floor_unit(self.checkpoint_estimate)
+
+    @property
+    def hysteresis_bytes(self) -> int:
+        """``hysteresis``, else a quarter floor unit."""
+        return self.hysteresis if self.hysteresis is not None else max(1, floor_unit(self.checkpoint_estimate) // 4)
+
+    @property
+    def ballast_bytes(self) -> int:
+        """``ballast`` (0: none), else a quarter floor unit."""
+        return self.ballast if self.ballast is not None else max(1, floor_unit(self.checkpoint_estimate) // 4)
 
     @model_validator(mode="after")
     def _soft_above_hard(self) -> DiskSection:

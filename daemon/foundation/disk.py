@@ -2,10 +2,8 @@
 
 Theory of operation (SPEC §2 PREFLIGHT_DISK, §3 sizes, §4 etiquette, §5 disk guard; issue 6)
 ----------------------------------------------------------------------------------------------
-* **Forecast** (:func:`forecast`): what the next round needs on the volume, from the last
-  checkpoint's measured size (or the configured estimate before there is one).
-* **Limits** (:func:`limits`): soft and hard free-space floors, derived from the volume size
-  and the checkpoint size, both overridable.
+* **Forecast and limits** are :mod:`.diskbudget`'s: what the campaign's peak needs, and the
+  soft and hard floors (scale-free, overridable) that the guard below judges by.
 * **Guard** (:class:`Guard`, :func:`classify`): pure logic, samples in, level changes out, with
   hysteresis so a value that flaps around a limit does not thrash. HARD is entered at once,
   never debounced. :func:`classify` is the one soft/hard/ok rule: the monitor, the park
@@ -45,13 +43,14 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
+from shoprld.daemon.foundation.diskbudget import Limits
+
 __all__ = [
     "DISK_FULL_ERRNOS",
     "GiB",
     "LEVEL_EVENTS",
     "DiskSample",
     "Emit",
-    "Forecast",
     "Guard",
     "Level",
     "Limits",
@@ -59,10 +58,8 @@ __all__ = [
     "Sampler",
     "Verdict",
     "classify",
-    "forecast",
     "human_bytes",
     "is_enospc",
-    "limits",
     "log_says_enospc",
     "monitor",
     "sample",
@@ -128,93 +125,6 @@ class Sampler(Protocol):
     """
 
     def __call__(self, path: Path, /) -> DiskSample: ...
-
-
-# --------------------------------------------------------------------------------------------
-# Forecast and limits
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """What the next round needs on the volume, and where the checkpoint size came from."""
-
-    checkpoint_bytes: int
-    keep: int
-    hf_bytes: int
-    margin_bytes: int
-    measured: bool  # True: the last checkpoint's measured size; False: the configured estimate
-
-    @property
-    def total(self) -> int:
-        """``checkpoint_bytes * keep + hf_bytes + margin_bytes``."""
-        return self.checkpoint_bytes * self.keep + self.hf_bytes + self.margin_bytes
-
-
-def forecast(
-    *,
-    last_checkpoint_bytes: int | None,
-    estimate_bytes: int,
-    keep: int = 2,
-    hf_bytes: int,
-    margin_bytes: int,
-) -> Forecast:
-    """Forecast the next round's need: the measured checkpoint size when known, else the estimate.
-
-    A measured size of 0 (an empty or unreadable checkpoint) is not a measurement and falls back
-    to the estimate. Negative inputs raise ``ValueError``.
-    """
-    for name, value in (
-        ("estimate_bytes", estimate_bytes),
-        ("keep", keep),
-        ("hf_bytes", hf_bytes),
-        ("margin_bytes", margin_bytes),
-    ):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    measured = last_checkpoint_bytes is not None and last_checkpoint_bytes > 0
-    ckpt = last_checkpoint_bytes if measured and last_checkpoint_bytes is not None else estimate_bytes
-    return Forecast(checkpoint_bytes=ckpt, keep=keep, hf_bytes=hf_bytes, margin_bytes=margin_bytes, measured=measured)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Free-space floors: below ``soft`` finish the in-flight save then stop; below ``hard`` stop now."""
-
-    soft_bytes: int
-    hard_bytes: int
-    soft_inodes: int
-    hard_inodes: int
-
-
-def limits(
-    total_bytes: int,
-    checkpoint_bytes: int,
-    *,
-    soft_override: int | None = None,
-    hard_override: int | None = None,
-    hard_inodes: int = 1000,
-    soft_inodes: int | None = None,
-) -> Limits:
-    """Derive the soft and hard limits for a volume of ``total_bytes``.
-
-    Defaults (issue 6): hard = max(10 % of the volume, one checkpoint + 1 GiB); soft = hard + one
-    checkpoint; soft_inodes = 2 x hard_inodes. Overrides win. On a small volume the defaults can
-    exceed the volume itself, which is what the overrides are for. Raises ``ValueError`` when
-    soft <= hard (bytes or inodes) or a value is negative.
-    """
-    if total_bytes < 0 or checkpoint_bytes < 0 or hard_inodes < 0:
-        raise ValueError("total_bytes, checkpoint_bytes and hard_inodes must be >= 0")
-    hard = hard_override if hard_override is not None else max(total_bytes // 10, checkpoint_bytes + GiB)
-    soft = soft_override if soft_override is not None else hard + checkpoint_bytes
-    if hard < 0:
-        raise ValueError(f"hard limit must be >= 0, got {hard}")
-    if soft <= hard:
-        raise ValueError(f"soft limit ({soft} bytes) must be above the hard limit ({hard} bytes)")
-    s_inodes = soft_inodes if soft_inodes is not None else 2 * hard_inodes
-    if s_inodes <= hard_inodes:
-        raise ValueError(f"soft inode limit ({s_inodes}) must be above the hard one ({hard_inodes})")
-    return Limits(soft_bytes=soft, hard_bytes=hard, soft_inodes=s_inodes, hard_inodes=hard_inodes)
 
 
 # --------------------------------------------------------------------------------------------

@@ -123,6 +123,11 @@ class Layout:
         return self.checkpoints / "megatron"
 
     @property
+    def shopsim_witness(self) -> Path:
+        """The newest checkpoint our live ShopSim vouched for (services/shopsim.py writes it)."""
+        return self.state_dir / "shopsim.witness"
+
+    @property
     def ballast(self) -> Path:
         return self.campaign_root / ".shoprld-ballast"
 

@@ -7,41 +7,99 @@ Used by the PREFLIGHT_DISK state (which raises on the first problem, exit 3) and
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from shoprld.daemon.foundation import disk, diskcheck
+from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import disk, diskbudget, diskcheck
+from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 
 
-def forecast_for(cfg: Config, last_checkpoint_bytes: int | None) -> disk.Forecast:
-    """What the next round needs: the last checkpoint's measured size (or the configured
-    estimate before the first one) times the peak during a save (the ``disk.keep_finals``
-    finals retention keeps, plus the one being written), plus an HF export, plus margin."""
-    return disk.forecast(
+def forecast_for(cfg: Config, last_checkpoint_bytes: int | None, *, present_bytes: int = 0) -> diskbudget.Forecast:
+    """The peak of a round: the last checkpoint's measured size (or the configured estimate
+    before the first one) times the ``disk.keep_finals`` finals retention keeps plus the one
+    being written, plus an HF export, plus margin; ``present_bytes`` of it already on the volume."""
+    return diskbudget.forecast(
         last_checkpoint_bytes=last_checkpoint_bytes, estimate_bytes=cfg.disk.checkpoint_estimate,
-        keep=cfg.disk.keep_finals + 1, hf_bytes=cfg.disk.hf_estimate, margin_bytes=cfg.disk.margin,
+        keep=cfg.disk.keep_finals + 1, hf_bytes=cfg.disk.hf_estimate, margin_bytes=cfg.disk.margin_bytes,
+        present_bytes=present_bytes,
     )
 
 
-def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> disk.Limits:
+def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> diskbudget.Limits:
     """The volume's soft and hard limits for a checkpoint of ``checkpoint_bytes`` (the config's
     overrides win), as the engine's guard derives them."""
-    return disk.limits(total_bytes, checkpoint_bytes, soft_override=cfg.disk.soft_limit,
-                       hard_override=cfg.disk.hard_limit)
+    return diskbudget.limits(total_bytes, checkpoint_bytes, soft_override=cfg.disk.soft_limit,
+                             hard_override=cfg.disk.hard_limit)
 
 
-def preflight_problems(cfg: Config, layout: Layout, *, last_checkpoint_bytes: int | None) -> list[diskcheck.PreflightProblem]:
-    fc = forecast_for(cfg, last_checkpoint_bytes)
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def budget_for(cfg: Config, layout: Layout, *, sample: disk.DiskSample | None = None) -> diskbudget.Budget:
+    """THE disk budget of this campaign now (`check`, PREFLIGHT_DISK, the save planner and the
+    status plan read it): the newest ``keep_finals`` complete checkpoints and the HF dir already
+    on the volume count towards the peak; the last checkpoint's size is the measured one.
+    Raises ``OSError`` when the volume cannot be read."""
+    s = sample if sample is not None else disk.sample(layout.ephemeral_root)
+    scan = ckpt.scan(layout.save_dir)
+    complete = [c for c in scan.checkpoints if c.complete]
+    kept = sum(c.bytes for c in complete[-cfg.disk.keep_finals:]) if complete else 0
+    hf = layout.hf_dir(cfg)
+    hf_present = _tree_bytes(hf) if hf.is_dir() else 0
+    last = complete[-1].bytes if complete else None
+    # A campaign of R rounds keeps at most R-1 finals of earlier rounds at its last peak.
+    fc = forecast_for(cfg, last, present_bytes=kept + min(hf_present, cfg.disk.hf_estimate))
+    fc = diskbudget.Forecast(checkpoint_bytes=fc.checkpoint_bytes,
+                             keep=min(fc.keep, cfg.campaign.rounds), hf_bytes=fc.hf_bytes,
+                             margin_bytes=fc.margin_bytes, measured=fc.measured, present_bytes=fc.present_bytes)
+    lim = limits_for(cfg, s.total_bytes, fc.checkpoint_bytes)
+    return diskbudget.Budget(forecast=fc, limits=lim, free_bytes=s.free_bytes, total_bytes=s.total_bytes,
+                             hf_present_bytes=min(hf_present, cfg.disk.hf_estimate))
+
+
+def need_line(cfg: Config, b: diskbudget.Budget) -> str:
+    """`check`'s line: what an unattended run needs free and what there is."""
+    verdict = "ok" if b.ok else ("WILL PARK (exit 4) when a save ends below the soft limit"
+                                 if b.next_save_fits else "NOT ENOUGH for the first round")
+    fc = b.forecast
+    return (f"disk: needs >= {human_bytes(b.need_bytes)} free for {cfg.campaign.rounds} rounds unattended, "
+            f"have {human_bytes(b.free_bytes)}: {verdict} (peak {fc.keep} x {human_bytes(fc.checkpoint_bytes)} "
+            f"checkpoints + {human_bytes(fc.hf_bytes)} HF, {human_bytes(fc.present_bytes)} of it on the volume, "
+            f"+ {human_bytes(fc.margin_bytes)} margin + soft limit {human_bytes(b.limits.soft_bytes)}; "
+            f"hard limit {human_bytes(b.limits.hard_bytes)})")
+
+
+def preflight_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightProblem]:
     heavy = layout.heavy_paths(cfg)
     link = layout.project_root / "runs"
     if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
         # Not created yet (check, or the first preflight pass): judge where it will point.
         heavy["<project_root>/runs"] = layout.runs
+    need_bytes = 0
+    if layout.ephemeral_root.is_dir():
+        try:
+            b = budget_for(cfg, layout)
+        except OSError:
+            b = None
+        if b is not None:
+            # Refused: a first save that would cross the hard floor (the round could not end).
+            # Less than an unattended run needs is `check`'s warning and the guard's park.
+            need_bytes = b.next_save_bytes + b.limits.hard_bytes
     return diskcheck.preflight(
         ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
-        need_bytes=fc.total, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
+        need_bytes=need_bytes, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
         forbid_same_fs=cfg.disk.forbid_same_fs,
     )
 

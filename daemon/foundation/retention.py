@@ -157,14 +157,27 @@ def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str = 
         tracker.rename(tracker.with_name(f"{tracker.name}.{set_aside_as}"))
 
 
-def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int) -> set[int]:
-    """The keep set while ``round_index`` trains (issue 17): the newest complete save of the
-    round, and every complete checkpoint outside it (the finals NEXT_ROUND's retention left,
-    which ``--load`` and the export need). The round's older saves are superseded: a fault
-    resumes from the newest, so keeping them would only cost a checkpoint's room each."""
+def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int, *, keep_finals: int = 1,
+                        vouched: Callable[[int], bool] = lambda _i: False) -> set[int]:
+    """The keep set while ``round_index`` trains: the newest complete save of the round, and the
+    complete checkpoints outside it (the finals NEXT_ROUND's retention left, which ``--load``
+    needs). The round's older saves are superseded: a fault resumes from the newest (issue 17).
+
+    Once that newest save is ``vouched`` for (ShopSim was seen alive after it, so no outage can
+    roll back past it), it counts as one of the ``keep_finals`` and the oldest final goes
+    (issue 25): the disk then holds ``keep_finals`` checkpoints between saves and one more while
+    a save lands, as upstream's loop does, instead of a third 53 GB checkpoint."""
     complete = [c.iteration for c in scan.checkpoints if c.complete]
     mine = [i for i in complete if mapping.round_of(i) == round_index]
-    return {i for i in complete if mapping.round_of(i) != round_index} | ({max(mine)} if mine else set())
+    others = sorted(i for i in complete if mapping.round_of(i) != round_index)
+    if not mine:
+        return set(others)
+    newest = max(mine)
+    if vouched(newest):
+        older = [i for i in others if i < newest]
+        later = [i for i in others if i > newest]
+        others = later + older[max(0, len(older) - (keep_finals - 1)):]
+    return set(others) | {newest}
 
 
 def _refusal(path: str, root: str, iteration: int) -> str | None:

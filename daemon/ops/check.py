@@ -19,7 +19,7 @@ from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
-from shoprld.daemon.foundation.preflight import df_text, preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, preflight_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.round.saves import describe as describe_saves
 from shoprld.daemon.round.saves import plan as plan_saves
@@ -46,7 +46,7 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     missing = extras_problem(cfg.metrics.textfile)
     if missing:
         problems.append(missing)
-    problems.extend(p.line() for p in preflight_problems(cfg, layout, last_checkpoint_bytes=None))
+    problems.extend(p.line() for p in preflight_problems(cfg, layout))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))
     # The analyst's config is a file of the project, there before any round: judge it now.
@@ -55,6 +55,14 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     if gpu_problem:
         problems.append(gpu_problem)
     return problems
+
+
+def _budget_line(cfg: Config, layout: Layout) -> str:
+    """What an unattended run needs free on the volume, from the daemon's own budget."""
+    try:
+        return need_line(cfg, budget_for(cfg, layout))
+    except OSError as exc:
+        return f"disk: the volume {layout.ephemeral_root} cannot be read ({exc.strerror or exc}): need not judged"
 
 
 def _gpu_count(cfg: Config) -> tuple[str | None, str]:
@@ -123,6 +131,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     if warning:
         out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
+    out(f"{_budget_line(cfg, layout)}\n")
     out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:

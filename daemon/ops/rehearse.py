@@ -175,7 +175,7 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool) -> C
             "ephemeral_root": sc.root / "ephemeral", "state_dir": sc.root / "state",
             "ledger": str(sc.root / "ledger.tsv"), "user": "rehearse"}),
         "disk": cfg.disk.model_copy(update={"require_mount": False, "forbid_same_fs": False,
-                                            "ballast": min(cfg.disk.ballast, 1024 * 1024),
+                                            "ballast": min(cfg.disk.ballast_bytes, 1024 * 1024),
                                             "wait_for_space": False}),
         "gpus": cfg.gpus.model_copy(update={"probe": "none"}),
         "shopsim": shopsim, "train": train, "sidecar": sidecar, "export": export, "val": val, "gate": gate,

@@ -24,10 +24,11 @@ The interval is ``round(sqrt(2 C M) / step)``, at least 1. slime saves when
 ``(rollout_id + 1) % interval == 0`` and always at the last rollout, so every round still ends on
 its complete final checkpoint, whatever the interval. An interval that would put a save on the
 step just before the final one is moved by a step or two (the optimum is flat; that save would
-buy nothing). An optimum at least as long as the steps left, or a disk without room for one more
-checkpoint (the forecast of :func:`daemon.preflight.forecast_for` plus one checkpoint, against
-the free bytes above the hard limit), gives the seed's one save per round:
-``max(train.save_interval, --num-rollout)``, which never fires before the last rollout.
+buy nothing). An optimum at least as long as the steps left, or a disk without room for the
+campaign's peak (:func:`daemon.preflight.budget_for`: each save supersedes the one before, so a
+mid-round save needs what the final one needs), gives the seed's one save per round:
+``max(train.save_interval, --num-rollout)``, which never fires before the last rollout; the
+first time, ``saves.no_room`` is journaled with the numbers.
 
 Every choice is journaled as ``save.interval`` with its inputs and where each came from, shown by
 ``shoprld status`` (one line) and ``shoprld check`` (one line), and recorded in
@@ -50,6 +51,7 @@ Pure where it can be: :func:`young_daly_steps`, :func:`learned_mtbf`, :func:`rea
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -66,7 +68,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.foundation.preflight import forecast_for, limits_for
+from shoprld.daemon.foundation.preflight import budget_for
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
 
@@ -165,11 +167,13 @@ def save_timings(data: bytes, *, base_offset: int = 0) -> list[tuple[int, float]
     return [(base_offset + m.start(), float(m.group(1) or m.group(2))) for m in SAVE_TIMING.finditer(data)]
 
 
+NO_ROOM = "no disk room for a mid-round save"
+
+
 # -- the choice -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DiskRoom:
-    """Whether one more checkpoint fits: the round's forecast plus one checkpoint, against the
-    free bytes above the hard limit (as ``plan.fits_disk`` judges the next round)."""
+    """Whether mid-round saves fit: the campaign's disk budget need against the free bytes."""
 
     need_bytes: int
     room_bytes: int
@@ -233,7 +237,7 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
                        reason=f"the optimum ({optimum:.1f} steps) is not shorter than the {steps_left} steps left")
     if room is None or not room.ok:
         why = ("the volume could not be read" if room is None else
-               f"no disk room for a mid-round save (needs {_gib(room.need_bytes)} above the hard limit, "
+               f"{NO_ROOM} (needs {_gib(room.need_bytes)} free, "
                f"{_gib(room.room_bytes)} there)")
         return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum, reason=why)
     return replace(as_fixed, interval=k, mid_round=True, optimum_steps=optimum,
@@ -259,15 +263,18 @@ def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned:
     return str(cfg.train.save_interval)
 
 
-def disk_room(cfg: Config, layout: Layout, last_checkpoint_bytes: int | None) -> DiskRoom | None:
-    """Room for one more checkpoint on the volume now (None when it cannot be read)."""
+def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
+    """Room for mid-round saves on the volume now (None when it cannot be read), from the
+    campaign's budget (``preflight.budget_for``). Each save supersedes the one before it (and,
+    once vouched for, the oldest kept final: ``retention.keep_while_training``), so mid-round
+    saves need what the round's own peak needs: that it lands above the soft floor."""
     try:
-        s = disk.sample(layout.ephemeral_root)
+        b = budget_for(cfg, layout)
     except OSError:
         return None
-    fc = forecast_for(cfg, last_checkpoint_bytes)
-    hard = limits_for(cfg, s.total_bytes, fc.checkpoint_bytes).hard_bytes
-    return DiskRoom(need_bytes=fc.total + fc.checkpoint_bytes, room_bytes=s.free_bytes - hard)
+    fc = b.forecast
+    peak = max(b.next_save_bytes, fc.peak_bytes - fc.present_bytes)
+    return DiskRoom(need_bytes=peak + b.limits.soft_bytes, room_bytes=b.free_bytes)  # ok == b.round_fits
 
 
 def _steps_left(cfg: Config, layout: Layout, round_index: int, *, planned: bool) -> tuple[int, int, int]:
@@ -284,13 +291,16 @@ def plan(cfg: Config, layout: Layout, round_index: int, *, now: float, planned: 
          fresh: Iterable[Mapping[str, Any]] = ()) -> SaveChoice:
     """The choice for a launch of ``round_index`` now (``planned``: from the round's start, as
     ``check`` shows it). ``fresh``: ``save.timed`` records not in the journal yet."""
-    records = list(Store(layout.state_dir).journal()) if layout.state_dir.exists() else []
+    records = _journal(layout)
     history = read_history([*records, *fresh], now=now)
-    latest = ckpt.scan(layout.save_dir).latest_complete
-    room = disk_room(cfg, layout, latest.bytes if latest is not None else None) if cfg.saves.mode == "adaptive" else None
+    room = disk_room(cfg, layout) if cfg.saves.mode == "adaptive" else None
     steps_left, end, num_rollout = _steps_left(cfg, layout, round_index, planned=planned)
     return choose(cfg.saves, fixed_interval=cfg.train.save_interval, history=history, steps_left=steps_left,
                   end_iteration=end, num_rollout=num_rollout, room=room)
+
+
+def _journal(layout: Layout) -> list[dict[str, Any]]:
+    return list(Store(layout.state_dir).journal()) if layout.state_dir.exists() else []
 
 
 def harvest(layout: Layout, round_index: int) -> list[dict[str, Any]]:
@@ -331,6 +341,10 @@ def choose_for_launch(cfg: Config, layout: Layout, round_index: int, *, log: Pat
     atomic_write_json(path, {**choice.as_event(), "round": round_index, "chosen_at": now,
                              "log": str(log), "log_offset": offset})
     emit("save.interval", **choice.as_event())
+    if choice.reason.startswith(NO_ROOM) and not any(r.get("event") == "saves.no_room" for r in _journal(layout)):
+        # Once a campaign: the disk holds the seed's one save per round, not mid-round saves.
+        emit("saves.no_room", need_bytes=choice.disk_need_bytes, free_bytes=choice.disk_room_bytes,
+             message=choice.reason)
     return choice
 
 
@@ -355,12 +369,30 @@ def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[lis
     stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's witness
     (``ShopsimService.vouch``) looks once a second, so a ShopSim death in the second between a
     save and that look rolls back past the pruned save, to the round's previous final: more
-    retraining in that rare case, never a wrong checkpoint."""
+    retraining in that rare case, never a wrong checkpoint. The previous final itself goes only
+    once the newest save is :func:`vouched` for, so a rollback always has a checkpoint to reach."""
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     scan = ckpt.scan(layout.save_dir)
-    keep = retention.keep_while_training(scan, m, round_index)
+    keep = retention.keep_while_training(scan, m, round_index, keep_finals=cfg.disk.keep_finals,
+                                         vouched=lambda i: vouched(layout, i))
     doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=True)
     return [c.iteration for c in doomed], freed
+
+
+def vouched(layout: Layout, iteration: int) -> bool:
+    """Whether no ShopSim outage can roll back past ``iteration``: our live ShopSim vouched for
+    it (``shopsim.witness``, written by services/shopsim.py), or there is no witness at all
+    (ShopSim is not our child: nothing is ever rolled back then)."""
+    try:
+        doc = json.loads(layout.shopsim_witness.read_text())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or doc.get("outage"):
+        return False
+    seen = doc.get("iteration")
+    return isinstance(seen, int) and not isinstance(seen, bool) and seen >= iteration
 
 
 def _short(source: str) -> str:

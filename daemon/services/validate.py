@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoprld.daemon.foundation import disk
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
@@ -71,6 +72,7 @@ def problems(cfg: Config, layout: Layout, *, mountinfo: Path = MOUNTINFO) -> lis
     if not out:  # commands resolve only once their argv expands
         out.extend(_commands(cfg, layout))
     out.extend(_layout(cfg, layout, mountinfo))
+    out.extend(_disk_floors(cfg, layout))
     out.extend(_state_dir(cfg, layout))
     seen: set[str] = set()  # several stages share one conda env: say it once
     return [p for p in out if not (p.line() in seen or seen.add(p.line()))]  # type: ignore[func-returns-value]
@@ -81,6 +83,20 @@ def validate(cfg: Config, layout: Layout) -> None:
     found = problems(cfg, layout)
     if found:
         raise found[0].error()
+
+
+def _disk_floors(cfg: Config, layout: Layout) -> Iterator[Problem]:
+    """A soft or hard limit the volume cannot honour (at or above its size): the campaign would
+    park before its first step. Judged before anything is written (issue 25)."""
+    try:
+        total = disk.sample(layout.ephemeral_root).total_bytes
+    except OSError:
+        return  # a missing volume is PREFLIGHT_DISK's to name
+    for key, value in (("hard_limit", cfg.disk.hard_limit), ("soft_limit", cfg.disk.soft_limit)):
+        if value is not None and value >= total:
+            yield Problem(cfg.source, f"disk.{key}", f"is not below the size of the volume {layout.ephemeral_root} "
+                          f"({disk.human_bytes(total)})", disk.human_bytes(value),
+                          f"lower it, or remove it (the defaults scale with disk.checkpoint_estimate)")
 
 
 # -- templates ------------------------------------------------------------------------------------

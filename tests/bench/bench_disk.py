@@ -31,12 +31,12 @@ if __package__ in (None, ""):  # run as a script: make `shoprld` and `tests` imp
 
 import anyio
 import structlog
-from shoprld.daemon.foundation import disk
+from shoprld.daemon.foundation import disk, diskbudget
 
 from tests.fsfixtures import mount_tmpfs
 
 MiB = 1 << 20
-LIMITS = disk.Limits(soft_bytes=8 * MiB, hard_bytes=4 * MiB, soft_inodes=20, hard_inodes=10)
+LIMITS = diskbudget.Limits(soft_bytes=8 * MiB, hard_bytes=4 * MiB, soft_inodes=20, hard_inodes=10)
 
 
 def fill_at_random_moment(path: Path, delay: float) -> float:

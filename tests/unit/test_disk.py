@@ -22,12 +22,11 @@ from shoprld.daemon.foundation.disk import (
     Guard,
     Level,
     Limits,
-    forecast,
     is_enospc,
     enospc_line,
-    limits,
     log_says_enospc,
 )
+from shoprld.daemon.foundation.diskbudget import limits
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from structlog.testing import capture_logs
 
@@ -57,56 +56,11 @@ HYST = MiB
 # ---------------------------------------------------------------------------- forecast, limits
 
 
-def test_forecast_uses_measured_size_when_known() -> None:
-    """A measured checkpoint size wins over the estimate and is flagged as measured."""
-    f = forecast(last_checkpoint_bytes=53 * GiB, estimate_bytes=60 * GiB, keep=2, hf_bytes=8 * GiB, margin_bytes=GiB)
-    assert (f.checkpoint_bytes, f.measured) == (53 * GiB, True)
-    assert f.total == 53 * GiB * 2 + 8 * GiB + GiB
-
-
-@pytest.mark.parametrize("last", [None, 0])
-def test_forecast_falls_back_to_estimate(last: int | None) -> None:
-    """Before the first checkpoint (or with an empty measurement) the estimate is used."""
-    f = forecast(last_checkpoint_bytes=last, estimate_bytes=60 * GiB, hf_bytes=0, margin_bytes=0)
-    assert (f.checkpoint_bytes, f.keep, f.measured, f.total) == (60 * GiB, 2, False, 120 * GiB)
-
-
-def test_forecast_rejects_negative_inputs() -> None:
-    """Negative sizes are configuration errors."""
-    with pytest.raises(ValueError, match="margin_bytes"):
-        forecast(last_checkpoint_bytes=None, estimate_bytes=1, hf_bytes=0, margin_bytes=-1)
-
-
-def test_limits_default_to_ten_percent_on_a_big_volume() -> None:
-    """On a big volume hard is 10 % of it and soft is hard plus one checkpoint."""
-    lim = limits(4000 * GiB, 53 * GiB)
-    assert lim.hard_bytes == 400 * GiB
-    assert lim.soft_bytes == 453 * GiB
-    assert (lim.hard_inodes, lim.soft_inodes) == (1000, 2000)
-
-
-def test_limits_default_to_checkpoint_plus_one_gib_on_a_small_volume() -> None:
-    """When 10 % is less than a checkpoint + 1 GiB, the latter is the hard limit."""
-    lim = limits(100 * GiB, 53 * GiB)
-    assert lim.hard_bytes == 54 * GiB
-    assert lim.soft_bytes == 107 * GiB
-
-
-def test_limit_overrides_win() -> None:
-    """Overrides replace the derived limits; a hard override moves the derived soft with it."""
-    assert limits(20 * MiB, 2 * MiB, soft_override=8 * MiB, hard_override=4 * MiB) == Limits(
-        8 * MiB, 4 * MiB, 2000, 1000
-    )
-    assert limits(20 * MiB, 2 * MiB, hard_override=4 * MiB).soft_bytes == 6 * MiB
-    assert limits(20 * MiB, 2 * MiB, hard_override=4 * MiB, hard_inodes=10, soft_inodes=15).soft_inodes == 15
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"soft_override": 4 * MiB, "hard_override": 4 * MiB},
         {"soft_override": 3 * MiB, "hard_override": 4 * MiB},
-        {"soft_override": MiB},  # below the default hard (checkpoint + 1 GiB)
         {"hard_override": 4 * MiB, "hard_inodes": 10, "soft_inodes": 10},
     ],
 )

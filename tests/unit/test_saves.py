@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import math
 import time
@@ -134,7 +136,7 @@ def test_no_room_falls_back_to_one_save_per_round_and_says_why() -> None:
     c = saves.choose(SEED, fixed_interval=10_000, history=saves.History(), steps_left=20, end_iteration=40,
                      num_rollout=41, room=saves.DiskRoom(need_bytes=170 * 2**30, room_bytes=33 * 2**30))
     assert (c.mid_round, c.interval, c.disk_room) == (False, 10_000, False)
-    assert "no disk room for a mid-round save (needs 170.0GiB above the hard limit, 33.0GiB there)" in c.reason
+    assert "no disk room for a mid-round save (needs 170.0GiB free, 33.0GiB there)" in c.reason
     assert "one save per round" in saves.describe(c)
 
 
@@ -225,6 +227,37 @@ def test_a_new_save_supersedes_the_rounds_older_saves_but_never_the_finals(tmp_p
     assert [c.iteration for c in retention_plan(s, keep_iterations=keep_while_training(s, m, 1),
                                                 trainer_running=True)] == [25]
     assert keep_while_training(s, m, 2) == {20, 25, 31}  # nothing of round 2 yet: nothing superseded
+
+
+def test_a_vouched_save_supersedes_the_oldest_final_too(tmp_path: Path) -> None:
+    """Issue 25: once ShopSim vouched for round 1's save 31, round 0's final 20 goes (keep_finals=1),
+    so the disk holds one checkpoint between saves; unvouched, 20 stays for a rollback. With
+    keep_finals=2 the newest older final stays beside the save."""
+    m = IterationMapping(20)
+    for n in (20, 25, 31):
+        megatron_save(tmp_path, n)
+    s = scan(tmp_path)
+    assert keep_while_training(s, m, 1, keep_finals=1, vouched=lambda i: i <= 31) == {31}
+    assert keep_while_training(s, m, 1, keep_finals=1, vouched=lambda i: i <= 25) == {20, 31}
+    assert keep_while_training(s, m, 1, keep_finals=2, vouched=lambda i: True) == {20, 31}
+    for n in (1, 10):
+        megatron_save(tmp_path, n)
+    assert keep_while_training(scan(tmp_path), m, 1, keep_finals=2, vouched=lambda i: True) == {20, 31}
+
+
+@pytest.mark.parametrize(("witness", "expected"), [
+    (None, True),                                     # no witness: ShopSim is not ours, nothing rolls back
+    ('{"iteration": 31, "outage": false}', True),
+    ('{"iteration": 30, "outage": false}', False),    # not seen alive since the save
+    ('{"iteration": 40, "outage": true}', False),     # an outage freezes the witness
+    ('{"iteration": "31"}', False), ("not json", False), ("[]", False),
+])
+def test_vouched_reads_the_witness_conservatively(tmp_path: Path, witness: str | None, expected: bool) -> None:
+    """Only a well-formed, outage-free witness at or past the save vouches for it."""
+    layout = SimpleNamespace(shopsim_witness=tmp_path / "shopsim.witness")
+    if witness is not None:
+        layout.shopsim_witness.write_text(witness)
+    assert saves.vouched(layout, 31) is expected  # type: ignore[arg-type]
 
 
 # -- the launch, end to end on a demo tree ---------------------------------------------------------

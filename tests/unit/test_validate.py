@@ -115,6 +115,10 @@ CONFIG_CASES: dict[str, tuple[dict[str, str], str]] = {
                           "gate.command[0]: 'no-such-program-15' is neither on PATH (and the stage has no conda_prefix)"),
     "command-path-missing": ({r'^command = \["\{python\}", "\{demo_dir\}/shopsim.py"\]$':
                               'command = ["{demo_dir}/no-such-start.sh"]'}, "shopsim.command[0]: "),
+    "soft-limit-above-volume": ({r'^soft_limit = ".*"$': 'soft_limit = "900TiB"'},
+                                "disk.soft_limit: is not below the size of the volume"),
+    "hard-limit-above-volume": ({r'^hard_limit = ".*"$': 'hard_limit = "800TiB"', r'^soft_limit = ".*"$': 'soft_limit = "900TiB"'},
+                                "disk.hard_limit: is not below the size of the volume"),
     "env-nul": ({r'DEMO_CKPT_BYTES = "1048576"': r'DEMO_CKPT_BYTES = "1\\u0000"'},
                 "train.env.DEMO_CKPT_BYTES: contains a NUL byte"),
     "env-name-with-equals": ({r'DEMO_CKPT_BYTES = "1048576"': r'"A=B" = "1"'},
@@ -130,7 +134,8 @@ def test_check_refuses_what_would_crash_run(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["vars-shadow-builtin", "vars-forward-ref", "disk-interval-0", "rounds-true",
-                                  "val-command-empty", "command-not-found"])
+                                  "val-command-empty", "command-not-found",
+                                  "soft-limit-above-volume"])
 def test_run_refuses_the_same_at_its_start(name: str, tmp_path: Path) -> None:
     """`run` refuses what `check` refuses, with the same line, before the state dir or the layout exists."""
     edits, needle = CONFIG_CASES[name]
@@ -233,7 +238,7 @@ def bind_mount(src: Path, dst: Path) -> Iterator[Path]:
 def test_the_state_dir_on_the_volume_device_is_refused(tmp_path: Path) -> None:
     """A state dir on the volume's filesystem by another path (a bind mount: same st_dev) is refused."""
     try:
-        with mount_tmpfs("64m", base=tmp_path) as volume:
+        with mount_tmpfs("256m", base=tmp_path) as volume:  # above the demo's soft_limit (128MiB)
             campaign = tree(tmp_path, **{r'^ephemeral_root = "ephemeral"$': f'ephemeral_root = "{volume}"'})
             (volume / "elsewhere").mkdir()
             (tmp_path / "state").mkdir(exist_ok=True)
