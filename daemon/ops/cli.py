@@ -39,7 +39,7 @@ from typing import Any  # noqa: E402
 
 from shoprld import __version__  # noqa: E402  (the package: already imported)
 
-from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_PIPE, EXIT_USAGE, ShoprldError  # noqa: E402
+from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, EXIT_PIPE, EXIT_USAGE, ConfigError, ShoprldError  # noqa: E402
 
 DEFAULT_CONFIG = "campaign.toml"
 
@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system one")
     p.add_argument("--write", action="store_true", help="write the unit file instead of printing it (never runs systemctl)")
+    p.add_argument("--supervisor", metavar="OUT.conf",
+                   help="no systemd (a container): write a supervisord config to OUT.conf instead (supervisord -c OUT.conf)")
 
     return parser
 
@@ -292,9 +294,29 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    from shoprld.daemon.ops.unit import install_service  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops import supervise  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.unit import install_service, shoprld_command
 
-    return install_service(Path(args.config), user=args.user, write=args.write)
+    config = Path(os.path.abspath(args.config))
+    if args.supervisor is not None:
+        if args.user or args.write:
+            raise ConfigError("--supervisor writes a supervisord config; --user and --write are for systemd units; "
+                              "fix: drop them")
+        out = Path(args.supervisor)
+        where = supervise.write_config(config, out, command=shoprld_command(), python=sys.executable)
+        print(f"wrote {os.path.abspath(out)} (supervisord's own files: {where})")
+        print(f"now run:  supervisord -c {os.path.abspath(out)}")
+        print(f"after an instance restart, e.g. in tmux:  tmux new -d -s shoprld 'supervisord -n -c {os.path.abspath(out)}'")
+        print(f"watch:    shoprld status --watch -c {config}")
+        try:
+            import supervisor  # noqa: F401  (only to say whether it is installed)
+        except ImportError:
+            print("shoprld: warning: supervisor is not installed here; fix: pip install 'shoprld[supervisor]'",
+                  file=sys.stderr)
+        return EXIT_OK
+    if not supervise.systemd_running():
+        raise ConfigError(supervise.no_systemd_message(config))
+    return install_service(config, user=args.user, write=args.write)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ _COMMANDS = {
     "status": ["--json"], "stop": ["--at-checkpoint", "--after-round"], "check": ["--print-commands", "--placeholders"],
     "init": ["--force"], "ledger": ["--json"], "clean": ["--dry-run"], "export-campaign": [],
     "import-campaign": ["--repo", "--ephemeral-root", "--state-dir", "--config-out"],
-    "install-service": ["--user"],
+    "install-service": ["--user", "--supervisor"],
 }
 _VALUES = st.sampled_from(["MISSING", "DIR", "DEVNULL", "FIFO", "CONFIG", "GARBAGE", "EMPTY", "", "-", "--",
                            "--debugx", "é🙂", "x" * 300, "../../..", "/proc/self/mem", "OUTTAR", "0", "-1"])

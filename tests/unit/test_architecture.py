@@ -90,6 +90,7 @@ LOCAL_IMPORTS = {
     (_CLI, "shoprld.daemon.ops.campaignimport"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.report"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.unit"): _CLI_WHY,
+    (_CLI, "shoprld.daemon.ops.supervise"): _CLI_WHY,
     ("shoprld.daemon.ops.demo", "shoprld.daemon.ops.report"): "the report needs the matplotlib extra; the demo "
                                                                 "runs without it",
     ("shoprld.daemon.foundation.identity", "shoprld.daemon.foundation.store"): "status reads the identity; the "
