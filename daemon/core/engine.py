@@ -40,7 +40,7 @@ from shoprld.daemon.core import sources, stages
 from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.attempts import Attempts
 from shoprld.daemon.core.children import Children, TaggingLauncher
-from shoprld.daemon.core.crashpoints import maybe_die
+from shoprld.daemon.core.crashpoints import maybe_die, maybe_raise
 from shoprld.daemon.core.diskwatch import DiskWatch
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, ShoprldError
@@ -191,6 +191,7 @@ class Engine:
 
     async def _guarded(self, name: str, fn: Any, *args: Any) -> None:
         try:
+            maybe_raise(name)
             await fn(*args)
         except Exception as exc:
             log.debug("daemon.task_failed", task=name, exc_info=True)  # the traceback, with --debug
