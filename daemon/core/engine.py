@@ -43,7 +43,7 @@ from shoprld.daemon.core.children import Children, TaggingLauncher
 from shoprld.daemon.core.crashpoints import maybe_die, maybe_raise
 from shoprld.daemon.core.diskwatch import DiskWatch
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, ShoprldError
+from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
@@ -61,6 +61,7 @@ from shoprld.daemon.services.processes import Child, Launcher
 from shoprld.daemon.services.ray import build_launcher
 from shoprld.daemon.round.plan import RoundPlan, demo_dir
 from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.services.shopsim import ShopsimService
 from shoprld.daemon.services.valserver import ValServerService
 from shoprld.daemon.foundation.store import SOCKET_FILE, Store
@@ -150,6 +151,11 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
+        # Before anything is opened: a FIFO or a directory at a state file's name hangs or breaks
+        # every reader and writer; refused in one line (exit 3), nothing written.
+        wrong = state_dir_problems(self.layout.state_dir)
+        if wrong:
+            raise PreflightError(wrong[0])
         self.store.acquire_lock(role="daemon")
         try:
             self._check_identity()
