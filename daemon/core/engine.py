@@ -78,6 +78,12 @@ class Engine:
                  clock: base.Clock | None = None, wait_for_space: bool = False,
                  transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False,
                  notify_marker: str = "") -> None:
+        # Before any state file is opened (the alerts record and ShopSim's witness are read right
+        # here): a FIFO or a directory at a state file's name hangs or breaks every reader and
+        # writer; refused in one line (exit 3), nothing written.
+        wrong = state_dir_problems(layout.state_dir)
+        if wrong:
+            raise PreflightError(wrong[0])
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
         self._raw_launcher = launcher or build_launcher(cfg, layout)
@@ -151,11 +157,6 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
-        # Before anything is opened: a FIFO or a directory at a state file's name hangs or breaks
-        # every reader and writer; refused in one line (exit 3), nothing written.
-        wrong = state_dir_problems(self.layout.state_dir)
-        if wrong:
-            raise PreflightError(wrong[0])
         self.store.acquire_lock(role="daemon")
         try:
             self._check_identity()

@@ -22,7 +22,7 @@ _REBUILT = "remove it (shoprld rebuilds it)"
 _RECORD = ("move it out of the state dir; if it was the campaign's record, put the regular file back "
            "(the journal and rounds.jsonl are what the campaign resumes from)")
 STATE_NAMES: dict[str, tuple[str, str]] = {
-    "state.json": ("the state snapshot", _REBUILT + " from the journal"),
+    "state.json": ("the state snapshot", "remove it (shoprld rebuilds it from the journal)"),
     "status.json": ("the status document", _REBUILT),
     "identity.json": ("the state dir's identity", _REBUILT),
     "alerts.json": ("the notification record", _REBUILT),

@@ -60,7 +60,8 @@ def test_the_control_socket_may_be_a_socket_but_not_a_fifo(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("name", "kind"), [("state.json", "fifo"), ("journal.jsonl", "dir"),
                                              ("identity.json", "fifo"), ("rounds.jsonl", "fifo"),
-                                             ("lock", "dir"), ("alerts.json", "symlink")])
+                                             ("lock", "dir"), ("alerts.json", "symlink"),
+                                             ("shopsim.witness", "fifo")])
 def test_run_refuses_before_touching_anything(tmp_path: Path, name: str, kind: str) -> None:
     campaign = make_tree(tmp_path, rounds=1)
     state = tmp_path / "state"
