@@ -75,3 +75,15 @@ def test_run_refuses_before_touching_anything(tmp_path: Path, name: str, kind: s
     assert sorted(os.listdir(state)) == before  # nothing written, not even the lock
     check = subprocess.run([*SHOPRLD, "check", "-c", str(campaign)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 3 and f"{state / name}: is a" in check.stdout
+
+
+@pytest.mark.parametrize("name", ["state.json", "identity.json", "daemon.pid", "journal.jsonl"])
+def test_status_and_report_refuse_a_fifo_instead_of_hanging(tmp_path: Path, name: str) -> None:
+    campaign = make_tree(tmp_path, rounds=1)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    _plant(state / name, "fifo")
+    for cmd in ("status", "report"):
+        proc = subprocess.run([*SHOPRLD, cmd, "-c", str(campaign)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, (cmd, proc.stderr[-2000:])
+        assert proc.stderr.strip() == f"shoprld: {state_dir_problems(state)[0]}"
