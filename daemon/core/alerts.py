@@ -416,7 +416,8 @@ class Alerts:
                 with anyio.fail_after(timeout):
                     # Streamed, and the body never read: only the status matters, and an endless
                     # or huge answer is closed unread.
-                    async with client.stream("POST", target, content=body, headers=headers) as resp:
+                    async with client.stream("POST", target, content=body, headers=headers,
+                                             timeout=httpx.Timeout(timeout)) as resp:  # a reload's, too
                         code = resp.status_code
             except TimeoutError:
                 error, error_class = f"no complete answer within {timeout:g}s", "Timeout"
