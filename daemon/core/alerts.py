@@ -7,14 +7,34 @@ Theory of operation. The engine calls :meth:`Alerts.post` at the moments that ma
 ``recovered``); a task sends a ``digest`` once a day at ``notify.digest_at`` (local time).
 ``post`` never blocks and never raises: it checks the dedupe record, then puts the message
 on a bounded queue (a full queue drops it, journaled as ``notify.dropped``). One worker task
-sends each message to every endpoint subscribed to its event with httpx, with a timeout
-and retries with exponential backoff; a message that still fails is journaled
-(``notify.failed``) and forgotten. The campaign never waits for a receiver, except for a
-bounded drain at exit so the final ``done``/``failed`` gets out.
+sends each message to every endpoint subscribed to its event with httpx, with retries
+and exponential backoff. Nothing a receiver does can take the daemon down or hold the queue:
+
+- every attempt is bounded as a whole (connect, headers, body) by ``notify.timeout``
+  (``anyio.fail_after``), so a receiver that never answers or drips a byte a second costs
+  one timeout per attempt, journaled;
+- the response body is never read: only the status line and headers matter, and a 600 MiB
+  answer is closed unread (the connection is dropped, not drained);
+- every exception of a delivery (an httpx error, a URL or header httpx refuses, anything)
+  ends as one ``notify.failed`` journal line with its class, and the worker goes on. The URL
+  and token are checked before any page (daemon/foundation/endpoints.py, at check, run and
+  reload), so those should not happen; this is the belt to that brace.
+
+A message that still fails is journaled (``notify.failed``), listed in ``alerts.json``'s
+``undelivered`` (the last :data:`MAX_UNDELIVERED`), and its dedupe key is forgotten so the
+next occurrence pages again. Messages still queued when the bounded drain at exit ends are
+journaled as ``notify.undelivered`` and listed the same way.
 
 Dedupe. A message's key is ``event|round|state|cause``. Keys sent within
 ``notify.dedupe_window`` are kept in ``<state_dir>/alerts.json`` (written atomically at
-enqueue, so a daemon in a restart loop pages once, not fifty times).
+enqueue, so a daemon in a restart loop pages once, not fifty times). The file is parsed
+against its schema (:class:`AlertsDoc`): one of another shape is set aside as
+``alerts.json.bad`` and rebuilt empty (journaled ``state.rebuilt``, naming the file), and an
+entry stamped in the future (a clock that was ahead, then corrected) is ignored, never a
+reason to stay silent.
+
+Reload. :meth:`Alerts.reconfigure` swaps the section and the secrets (a SIGHUP); the worker
+and the digest task read them at each use. ``notify.queue`` is fixed at start.
 
 Secrets. Endpoint URLs and tokens are read from the loaded .env (``url_env``,
 ``token_env``) and used only inside this process: never argv (no curl), never a file. Every
@@ -32,7 +52,9 @@ Payloads::
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,12 +65,19 @@ from typing import Any
 import anyio
 import httpx
 import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shoprld.daemon.foundation.configsections import NotifyEndpoint, NotifySection
+from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.foundation.secrets import Redactor, Secrets
 from shoprld.daemon.foundation.store import atomic_write_json
 
 DEDUPE_FILE = "alerts.json"
+# alerts.json is a few KiB; a bigger one is not ours (rebuilt, never read whole).
+MAX_DEDUPE_BYTES = 1024 * 1024
+MAX_UNDELIVERED = 50
+# How much of a clock step forward a dedupe stamp may be ahead of now (two hosts' NTP jitter).
+FUTURE_SLACK_S = 60.0
 URGENT = frozenset({"failed", "stalled", "parked", "gate_stop"})
 log = structlog.get_logger("shoprld.alerts")
 
@@ -67,6 +96,7 @@ class Message:
     cause: str | None = None
     bundle: str | None = None
     time: float = field(default_factory=time.time)
+    marker: str = ""  # "[rehearsal]": the page is not about production
 
     @property
     def key(self) -> str:
@@ -75,13 +105,14 @@ class Message:
 
     def title(self) -> str:
         where = f" round-{self.round:03d}" if self.round is not None else ""
-        return f"shoprld {self.campaign}: {self.event}{where}"
+        mark = f"{self.marker} " if self.marker else ""
+        return f"{mark}shoprld {self.campaign}: {self.event}{where}"
 
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "campaign": self.campaign, "round": self.round,
                 "round_id": f"round-{self.round:03d}" if self.round is not None else None,
                 "state": self.state, "message": self.text, "cause": self.cause, "bundle": self.bundle,
-                "host": socket.gethostname(), "time": self.time}
+                "host": socket.gethostname(), "time": self.time, **({"marker": self.marker} if self.marker else {})}
 
 
 def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
@@ -106,37 +137,117 @@ def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
 
 
 def _ascii(text: str) -> str:
-    """HTTP header values are ASCII: anything else becomes '?'."""
-    return text.encode("ascii", errors="replace").decode("ascii")[:200]
+    """HTTP header values are visible ASCII: anything else (non-ASCII, a control character, a
+    newline that would split the header) becomes '?'."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:200]
+
+
+class Undelivered(BaseModel):
+    """One page that never reached an endpoint (kept in alerts.json for the operator)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    time: float
+    event: str
+    key: str
+    endpoint: str
+    error: str
+
+
+class AlertsDoc(BaseModel):
+    """The schema of ``<state_dir>/alerts.json``."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    sent: dict[str, float] = {}
+    last_digest: float | None = None
+    undelivered: list[Undelivered] = []
 
 
 class DedupeRecord:
-    """``<state_dir>/alerts.json``: keys sent recently, and when the last digest went out."""
+    """``<state_dir>/alerts.json``: keys sent recently, when the last digest went out, and the
+    last pages that were never delivered.
 
-    def __init__(self, path: Path, window: float) -> None:
-        self.path, self.window = path, window
+    A file that is not valid JSON of :class:`AlertsDoc`'s shape is set aside
+    (``alerts.json.bad``) and rebuilt empty; :attr:`problem` says so in one line naming the
+    file, for the journal. Something that is not a regular file (a directory, a FIFO) is
+    refused (:class:`PreflightError`, exit 3): it is not ours to replace."""
+
+    def __init__(self, path: Path, window: float, clock: Callable[[], float] = time.time) -> None:
+        self.path, self.window, self.clock = path, window, clock
+        self.problem: str | None = None
+        doc = self._load()
+        now = clock()
+        # Stamps from the future are dropped: they would silence the same page until then.
+        self.sent: dict[str, float] = {k: v for k, v in doc.sent.items() if v <= now + FUTURE_SLACK_S}
+        if len(self.sent) < len(doc.sent):
+            self.problem = (f"{path}: {len(doc.sent) - len(self.sent)} dedupe entries stamped in the future "
+                            f"(the clock was ahead) ignored")
+        last = doc.last_digest
+        self.last_digest: float | None = last if last is not None and last <= now + FUTURE_SLACK_S else None
+        self.undelivered: list[Undelivered] = doc.undelivered[-MAX_UNDELIVERED:]
+
+    def _load(self) -> AlertsDoc:
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        sent = data.get("sent") if isinstance(data, dict) else None
-        self.sent: dict[str, float] = {k: float(v) for k, v in (sent or {}).items()
-                                       if isinstance(k, str) and isinstance(v, (int, float))}
-        last = data.get("last_digest") if isinstance(data, dict) else None
-        self.last_digest: float | None = float(last) if isinstance(last, (int, float)) else None
+            # O_NONBLOCK: a FIFO put in its place must not hang the daemon's start.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return AlertsDoc()
+        except OSError as exc:
+            if os.path.isdir(self.path) or exc.errno == 40:  # ELOOP: a symlink, refused by O_NOFOLLOW
+                raise self._refuse("is a directory" if os.path.isdir(self.path) else "is a symlink") from None
+            raise self._refuse(f"cannot be read ({exc.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse("is not a regular file")
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read(MAX_DEDUPE_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            if len(data) > MAX_DEDUPE_BYTES:
+                raise ValueError(f"over {MAX_DEDUPE_BYTES} bytes")
+            return AlertsDoc.model_validate_json(data)
+        except (ValueError, ValidationError) as exc:
+            why = f"{exc.error_count()} field(s) of the wrong shape" if isinstance(exc, ValidationError) \
+                else "not JSON"
+            self._set_aside(why)
+            return AlertsDoc()
+
+    def _refuse(self, what: str) -> PreflightError:
+        return PreflightError(f"{self.path}: {what}, not the notification record shoprld keeps there; "
+                              f"fix: remove it (shoprld rebuilds it)")
+
+    def _set_aside(self, why: str) -> None:
+        bad = self.path.with_name(self.path.name + ".bad")
+        try:
+            os.replace(self.path, bad)
+            kept = f"kept as {bad.name}"
+        except OSError as exc:
+            kept = f"not kept ({exc.strerror})"
+        self.problem = f"{self.path}: {why}; rebuilt empty, the old one {kept}"
 
     def seen(self, key: str, now: float) -> bool:
         at = self.sent.get(key)
-        return at is not None and now - at < self.window
+        return at is not None and 0.0 <= now - at < self.window
 
     def mark(self, key: str, now: float) -> None:
-        self.sent = {k: v for k, v in self.sent.items() if now - v < self.window}
+        self.sent = {k: v for k, v in self.sent.items() if 0.0 <= now - v < self.window}
         self.sent[key] = now
         self.save()
 
+    def forget(self, key: str) -> None:
+        """A page that was never delivered does not silence the next one."""
+        if self.sent.pop(key, None) is not None:
+            self.save()
+
+    def record_undelivered(self, item: Undelivered) -> None:
+        self.undelivered = [*self.undelivered, item][-MAX_UNDELIVERED:]
+        self.save()
+
     def save(self) -> None:
+        doc = AlertsDoc(sent=self.sent, last_digest=self.last_digest, undelivered=self.undelivered)
         try:
-            atomic_write_json(self.path, {"sent": self.sent, "last_digest": self.last_digest}, mode=0o600)
+            atomic_write_json(self.path, doc.model_dump(mode="json"), mode=0o600)
         except OSError as exc:  # a full volume must not stop the page itself
             log.warning("notify.dedupe_unsaved", error=str(exc))
 
@@ -185,98 +296,171 @@ class Alerts:
 
     def __init__(self, section: NotifySection, secrets: Secrets, redactor: Redactor, state_dir: Path,
                  campaign: str, journal: Journal, *, transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, marker: str = "") -> None:
         self.section, self.secrets, self.redactor = section, secrets, redactor
         self.campaign, self.journal, self.clock = campaign, journal, clock
+        # "[rehearsal]": prefixed to every page of `shoprld rehearse --notify`.
+        self.marker = marker
         self._transport = transport
-        self.dedupe = DedupeRecord(state_dir / DEDUPE_FILE, section.dedupe_window)
+        self.dedupe = DedupeRecord(state_dir / DEDUPE_FILE, section.dedupe_window, clock)
         self._send, self._recv = anyio.create_memory_object_stream[Message](section.queue)
         self._idle = anyio.Event()
         self._idle.set()
         self._pending = 0
+        self._reconfigured: anyio.Event | None = None
 
     @property
     def enabled(self) -> bool:
         return bool(self.section.endpoints)
 
+    def reconfigure(self, section: NotifySection, secrets: Secrets) -> None:
+        """A reload's ``[notify]`` and .env, in effect for every message sent from now on."""
+        self.section, self.secrets = section, secrets
+        self.dedupe.window = section.dedupe_window
+        if self._reconfigured is not None:
+            self._reconfigured.set()
+
     def post(self, event: str, text: str, *, round: int | None = None, state: str | None = None,
              cause: str | None = None, bundle: str | None = None) -> bool:
-        """Queue a notification; False when deduped, dropped or nobody listens. Never blocks."""
+        """Queue a notification; False when deduped, dropped or nobody listens. Never blocks,
+        never raises (the engine calls it from its main loop)."""
+        try:
+            return self._post(event, text, round, state, cause, bundle)
+        except Exception as exc:  # a page is never worth the campaign
+            log.warning("notify.failed", notify_event=event, error=f"{type(exc).__name__}: {exc}")
+            self.journal("notify.failed", notify_event=event, error_class=type(exc).__name__,
+                         error=f"could not queue it ({type(exc).__name__})")
+            return False
+
+    def _post(self, event: str, text: str, round: int | None, state: str | None, cause: str | None,
+              bundle: str | None) -> bool:
         if not any(event in ep.events for ep in self.section.endpoints):
             return False
-        msg = Message(event, self.campaign, " ".join(text.split())[:1000], round, state, cause, bundle, self.clock())
+        text = " ".join(text.split())[:1000]
+        if self.marker:
+            text = f"{self.marker} {text}"
+        msg = Message(event, self.campaign, text, round, state, cause, bundle, self.clock(), self.marker)
         if self.dedupe.seen(msg.key, msg.time):
             self.journal("notify.deduped", notify_event=event, key=msg.key)
             return False
         try:
             self._send.send_nowait(msg)
         except anyio.WouldBlock:
-            self.journal("notify.dropped", notify_event=event, reason="queue full")
+            self._undelivered(msg, "the queue", "queue full", "notify.dropped")
             return False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):  # the worker has ended (shutdown)
-            self.journal("notify.dropped", notify_event=event, reason="the sender has stopped")
+            self._undelivered(msg, "the queue", "the sender has stopped", "notify.dropped")
             return False
         self.dedupe.mark(msg.key, msg.time)
         self._pending += 1
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
         return True
 
+    def _undelivered(self, msg: Message, endpoint: str, error: str, event: str = "notify.undelivered") -> None:
+        self.journal(event, notify_event=msg.event, reason=error)
+        self.dedupe.record_undelivered(Undelivered(time=msg.time, event=msg.event, key=msg.key,
+                                                   endpoint=endpoint, error=error))
+
     async def run(self) -> None:
-        """The worker: sends each queued message to its endpoints, in order."""
-        timeout = httpx.Timeout(self.section.timeout)
-        async with httpx.AsyncClient(transport=self._transport, trust_env=False, timeout=timeout,
-                                     follow_redirects=False) as client:
+        """The worker: sends each queued message to its endpoints, in order. No delivery's
+        error ends it (:meth:`_deliver` catches them all)."""
+        if self.dedupe.problem:
+            log.warning("state.rebuilt", file=str(self.dedupe.path), reason=self.dedupe.problem)
+            self.journal("state.rebuilt", file=str(self.dedupe.path), reason=self.dedupe.problem)
+            self.dedupe.problem = None
+        async with httpx.AsyncClient(transport=self._transport, trust_env=False, follow_redirects=False,
+                                     timeout=httpx.Timeout(self.section.timeout)) as client:
             async with self._recv:
                 async for msg in self._recv:
+                    delivered = True
                     for i, ep in enumerate(self.section.endpoints):
                         if msg.event in ep.events:
-                            await self._deliver(client, i, ep, msg)
+                            delivered = await self._deliver(client, i, ep, msg) and delivered
+                    if not delivered:
+                        self.dedupe.forget(msg.key)
                     self._pending -= 1
                     if self._pending <= 0:
                         self._idle.set()
 
-    async def _deliver(self, client: httpx.AsyncClient, index: int, ep: NotifyEndpoint, msg: Message) -> None:
+    async def _deliver(self, client: httpx.AsyncClient, index: int, ep: NotifyEndpoint, msg: Message) -> bool:
+        """Send ``msg`` to one endpoint; True when it was accepted. Never raises (but cancellation)."""
+        where = f"notify.endpoints[{index}] ({ep.kind}, {ep.url_env})"  # never the URL itself
+        try:
+            error, error_class, attempts = await self._attempts(client, ep, msg, where)
+        except Exception as exc:  # a URL or header httpx refuses, a bug: one line, and the worker goes on
+            error, error_class, attempts = f"{type(exc).__name__}", type(exc).__name__, 1
+        if error is None:
+            return True
+        log.warning("notify.failed", notify_event=msg.event, endpoint=where, error=error, error_class=error_class)
+        self.journal("notify.failed", notify_event=msg.event, endpoint=where, error=error,
+                     error_class=error_class, attempts=attempts)
+        self.dedupe.record_undelivered(Undelivered(time=msg.time, event=msg.event, key=msg.key,
+                                                   endpoint=where, error=error))
+        return False
+
+    async def _attempts(self, client: httpx.AsyncClient, ep: NotifyEndpoint, msg: Message,
+                        where: str) -> tuple[str | None, str, int]:
+        """(error or None, its class, attempts made): each attempt bounded as a whole."""
         url = self.secrets.values.get(ep.url_env, "")
         token = self.secrets.values.get(ep.token_env) if ep.token_env else None
-        where = f"notify.endpoints[{index}] ({ep.kind}, {ep.url_env})"  # never the URL itself
         if not url:
-            self.journal("notify.failed", notify_event=msg.event, endpoint=where, error=f"{ep.url_env} is not set")
-            return
+            return f"{ep.url_env} is not set", "NotSet", 0
         target, headers, body = build_request(ep, msg, url, token, self.redactor)
-        error = ""
+        timeout = self.section.timeout
+        error, error_class = "", ""
+        attempt = 0
         for attempt in range(self.section.retries + 1):
             if attempt:
                 await anyio.sleep(min(60.0, self.section.backoff * 2 ** (attempt - 1)))
             try:
-                resp = await client.post(target, content=body, headers=headers)
-            except httpx.HTTPError as exc:
-                # The exception text may quote the URL: name the kind only, then redact.
-                error = f"{type(exc).__name__}"
+                with anyio.fail_after(timeout):
+                    # Streamed, and the body never read: only the status matters, and an endless
+                    # or huge answer is closed unread.
+                    async with client.stream("POST", target, content=body, headers=headers,
+                                             timeout=httpx.Timeout(timeout)) as resp:  # a reload's, too
+                        code = resp.status_code
+            except TimeoutError:
+                error, error_class = f"no complete answer within {timeout:g}s", "Timeout"
                 continue
-            if resp.status_code < 300:
+            except httpx.TransportError as exc:  # refused, reset, a broken answer: worth another try
+                # The exception text may quote the URL: name the kind only.
+                error, error_class = type(exc).__name__, type(exc).__name__
+                continue
+            if code < 300:
                 self.journal("notify.sent", sync=False, notify_event=msg.event, endpoint=where, attempts=attempt + 1)
-                return
-            error = f"HTTP {resp.status_code}"
-            if resp.status_code < 500 and resp.status_code != 429:
-                break  # a 4xx will not get better by asking again
-        log.warning("notify.failed", notify_event=msg.event, endpoint=where, error=error)
-        self.journal("notify.failed", notify_event=msg.event, endpoint=where, error=error,
-                     attempts=self.section.retries + 1)
+                return None, "", attempt + 1
+            error, error_class = f"HTTP {code}", "HTTPStatus"
+            if code < 500 and code != 429:
+                break  # a 3xx or 4xx will not get better by asking again
+        return error, error_class, attempt + 1
 
     async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) until every queued message was tried."""
+        """Wait (at most ``timeout`` seconds) until every queued message was tried; what is
+        still queued then is journaled ``notify.undelivered`` and listed in alerts.json."""
         with anyio.move_on_after(timeout):
             await self._idle.wait()
+        left: list[Message] = []
+        while True:
+            try:
+                left.append(self._recv.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+        for msg in left:
+            self._undelivered(msg, "the queue", f"still queued when the daemon stopped ({timeout:g}s drain)")
 
     async def digest_loop(self, read_journal: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
-        """Send the digest every day at ``notify.digest_at`` local time."""
-        at = self.section.digest_at
-        if not at or not any("digest" in ep.events for ep in self.section.endpoints):
-            return
+        """Send the digest every day at ``notify.digest_at`` local time (re-read after a reload)."""
         while True:
+            self._reconfigured = changed = anyio.Event()
+            at = self.section.digest_at
+            if not at or not any("digest" in ep.events for ep in self.section.endpoints):
+                await changed.wait()
+                continue
             now = datetime.fromtimestamp(self.clock())
-            await anyio.sleep(max(1.0, (next_digest(now, at) - now).total_seconds()))
-            self.send_digest(read_journal())
+            with anyio.move_on_after(max(1.0, (next_digest(now, at) - now).total_seconds())):
+                await changed.wait()
+            if not changed.is_set():
+                self.send_digest(read_journal())
 
     def send_digest(self, records: Iterable[Mapping[str, Any]]) -> bool:
         """Queue the digest of what the journal holds since the last one."""
@@ -288,4 +472,3 @@ class Alerts:
             self.dedupe.last_digest = now
             self.dedupe.save()
         return sent
-

@@ -40,14 +40,14 @@ from shoprld.daemon.core import sources, stages
 from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.attempts import Attempts
 from shoprld.daemon.core.children import Children, TaggingLauncher
-from shoprld.daemon.core.crashpoints import maybe_die
+from shoprld.daemon.core.crashpoints import maybe_die, maybe_raise
 from shoprld.daemon.core.diskwatch import DiskWatch
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.errors import EXIT_OK, ShoprldError
+from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
-                                        StageOutcome, StopRequested)
+                                        StageOutcome, StopRequested, TaskFailed)
 from shoprld.daemon.foundation.logs import add_file_handler
 from shoprld.daemon.round.machine import (RETRY, WORKING_STATES, Counters, Deadline, Decision, Ending, Enter, Exit,
                                          Fail, Finish, Machine, Park, Retry, RetryPolicy, State, Stop, decide)
@@ -61,6 +61,7 @@ from shoprld.daemon.services.processes import Child, Launcher
 from shoprld.daemon.services.ray import build_launcher
 from shoprld.daemon.round.plan import RoundPlan, demo_dir
 from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.services.shopsim import ShopsimService
 from shoprld.daemon.services.valserver import ValServerService
 from shoprld.daemon.foundation.store import SOCKET_FILE, Store
@@ -75,7 +76,14 @@ class Engine:
 
     def __init__(self, cfg: Config, layout: Layout, secrets: Secrets, *, launcher: Launcher | None = None,
                  clock: base.Clock | None = None, wait_for_space: bool = False,
-                 transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, adopt_state: bool = False,
+                 notify_marker: str = "") -> None:
+        # Before any state file is opened (the alerts record and ShopSim's witness are read right
+        # here): a FIFO or a directory at a state file's name hangs or breaks every reader and
+        # writer; refused in one line (exit 3), nothing written.
+        wrong = state_dir_problems(layout.state_dir)
+        if wrong:
+            raise PreflightError(wrong[0])
         self.cfg, self.layout, self.secrets = cfg, layout, secrets
         self.clock = clock or base.SystemClock()
         self._raw_launcher = launcher or build_launcher(cfg, layout)
@@ -100,7 +108,8 @@ class Engine:
         self.demo_dir = demo_dir()
         self.notifier = Notifier(redactor=self.redactor)  # sd_notify (systemd)
         # Operator notifications (webhook/Slack/ntfy), sent by a task of their own.
-        self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal)
+        self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal,
+                             transport=transport, marker=notify_marker)
         metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name) if cfg.metrics.textfile is not None else None
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
@@ -153,19 +162,10 @@ class Engine:
         try:
             self._check_identity()
             self._load()
-            async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
-                self.http = http
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(partial(sources.signals, self.send, stopping=lambda: self.ending.stopping,
-                                          force=self.kids.kill_all))
-                    tg.start_soon(sources.control, self.layout.state_dir / SOCKET_FILE, self.send,
-                                  lambda: self.redactor.obj(self.view.status_doc()))
-                    tg.start_soon(sources.watchdog, self.notifier)
-                    tg.start_soon(self.alerts.run)
-                    tg.start_soon(self.alerts.digest_loop, self.store.journal)
-                    code = await self._drive(tg)
-                    await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
-                    tg.cancel_scope.cancel()
+            try:
+                code = await self._run_tasks()
+            except Exception as exc:  # a bug in the loop itself: no orphans, one line
+                code = await self._crashed(exc)
             aclose = getattr(self._raw_launcher, "aclose", None)
             if aclose is not None:  # e.g. a Ray head this daemon started
                 with anyio.CancelScope(shield=True):
@@ -175,6 +175,61 @@ class Engine:
             if self.view.snap:  # never over another campaign's status (a refused identity, issue 15)
                 self.view.write_status(force=True)
             self.store.release_lock()
+
+    async def _run_tasks(self) -> int:
+        async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
+            self.http = http
+            async with anyio.create_task_group() as tg:
+                self.tg = tg
+                self._background("signals", partial(sources.signals, self.send, stopping=lambda: self.ending.stopping,
+                                                    force=self.kids.kill_all))
+                self._background("control", sources.control, self.layout.state_dir / SOCKET_FILE, self.send,
+                                 lambda: self.redactor.obj(self.view.status_doc()))
+                self._background("watchdog", sources.watchdog, self.notifier)
+                self._background("notify", self.alerts.run)
+                self._background("digest", self.alerts.digest_loop, self.store.journal)
+                code = await self._drive(tg)
+                await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
+                tg.cancel_scope.cancel()
+        return code
+
+    def _background(self, name: str, fn: Any, *args: Any) -> None:
+        """Start a task of the daemon's own; its crash becomes :class:`TaskFailed` on the queue."""
+        self.tg.start_soon(self._guarded, name, fn, *args)
+
+    async def _guarded(self, name: str, fn: Any, *args: Any) -> None:
+        try:
+            maybe_raise(name)
+            await fn(*args)
+        except Exception as exc:
+            log.debug("daemon.task_failed", task=name, exc_info=True)  # the traceback, with --debug
+            line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            await self.send.send(TaskFailed(name, f"internal error: the daemon's {name} task failed ({line}); "
+                                                  "the campaign stopped; fix: report it with the journal, "
+                                                  "then run again"))
+
+    async def _crashed(self, exc: BaseException) -> int:
+        """The engine's own task group failed: stop every child we started, record one line.
+        A ShoprldError inside is re-raised as itself (its own line and exit code)."""
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        log.debug("daemon.crashed", exc_info=exc)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stop_children(force=True)
+            except Exception as stop_exc:  # the crash is the news; say the stop failed too
+                log.error("children.stop_failed", error=f"{type(stop_exc).__name__}: {stop_exc}")
+        if isinstance(leaf, ShoprldError):
+            raise leaf from None
+        line = " ".join(f"{type(leaf).__name__}: {leaf}".split())[:500]
+        self.ending.final_message = f"internal error: {line}; the children were stopped; fix: rerun with --debug " \
+                                    f"and report it with the journal"
+        try:
+            self._journal("daemon.crashed", error=line)
+        except Exception:  # a full or broken state dir: the line on stderr is what is left
+            pass
+        return EXIT_BUG
 
     def _check_identity(self) -> None:
         """Refuse (exit 3) a state dir that belongs to another campaign, before reading it."""
@@ -225,6 +280,10 @@ class Engine:
                 self._spawn(state)
             case HygieneFound(when, found):
                 self.reactions.hygiene(when, found)
+            case TaskFailed(name, message):
+                log.error("daemon.task_failed", task=name, error=message)
+                await self._stop_children()  # Exit keeps ShopSim for a config error; a crash does not
+                return await self.shutdown(Exit(message, EXIT_BUG))
         return None
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
@@ -306,9 +365,9 @@ class Engine:
     # -- stages ---------------------------------------------------------------------------
     def _spawn(self, state: State, delay: float = 0.0) -> None:
         if delay:
-            self.tg.start_soon(self._later, state, delay)
+            self._background("retry", self._later, state, delay)
             return
-        self.tg.start_soon(self._stage_task, state, self.attempt)
+        self._background(f"{state.value} stage", self._stage_task, state, self.attempt)
 
     async def _later(self, state: State, delay: float) -> None:
         await anyio.sleep(delay)
@@ -366,19 +425,31 @@ class Engine:
         return await self._apply(self.machine.state, Ending("stop"))
 
     def _reload(self) -> None:
-        """SIGHUP: stages started from now on see the re-read campaign file (sources.reloaded
-        says when it applies); the running one keeps what it started with."""
-        new = sources.reloaded(self.cfg)
-        if new is None:
+        """SIGHUP: the campaign file and .env, judged as at start (sources.reloaded), applied
+        whole or refused whole. Applied: the redaction first (a new secret is masked from now
+        on, in every writer), then the secrets, the config every collaborator reads at each use,
+        the notify endpoints and the metrics textfile. Stages started from now on see it; the
+        running one keeps what it started with."""
+        r = sources.reloaded(self.cfg, self.layout)
+        if r.cfg is None or r.secrets is None:
+            log.warning("config.reload_refused", error=r.refused)
+            self._journal("config.reload_refused", reason=r.refused, kept="the running config")
             return
+        new = r.cfg
+        self.redactor.extend(r.secrets.redactor)
+        self.secrets = replace(r.secrets, _redactor=self.redactor)
         self.cfg = new
         self.base_env = self.layout.child_env(new)
-        self._journal("config.reloaded")
-        log.info("config.reload", source=str(new.source))
+        self.alerts.reconfigure(new.notify, self.secrets)
+        self.view.metrics = TextfileMetrics(new.metrics.textfile, new.campaign.name) \
+            if new.metrics.textfile is not None else None
+        self._journal("config.reloaded", changed=list(r.changed))
+        log.info("config.reload", source=str(new.source), changed=list(r.changed))
+        self.view.write_status(force=True)  # the textfile too, at once
 
     def _check_hygiene(self, when: str) -> None:
         """The repo hygiene scan (issue 9), before the first stage and after each round."""
-        self.tg.start_soon(self.reactions.hygiene_scan, when)
+        self._background("hygiene scan", self.reactions.hygiene_scan, when)
 
     # -- transitions (persisted through daemon/core/snapshot.py) ------------------------------------
     def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
@@ -407,10 +478,11 @@ class Engine:
         add_file_handler(self.layout.logs / "shoprld.log", redactor=self.redactor)
         if not getattr(self, "_sources_started", False):
             self._sources_started = True
-            self.tg.start_soon(sources.checkpoint_commits, self.layout.save_dir, self.cfg, self.send)
-            self.tg.start_soon(self.disk.monitor, self.cfg.disk, self.view.checkpoint_bytes(), self.view.disk_sampled,
-                               lambda ev: self.send.send(DiskLevel(ev)))
-            self.tg.start_soon(self.shopsim.supervise, self._ctx)
+            self._background("checkpoint watcher", sources.checkpoint_commits, self.layout.save_dir, self.cfg,
+                             self.send)
+            self._background("disk monitor", self.disk.monitor, self.cfg.disk, self.view.checkpoint_bytes(),
+                             self.view.disk_sampled, lambda ev: self.send.send(DiskLevel(ev)))
+            self._background("ShopSim supervisor", self.shopsim.supervise, self._ctx)
 
     # The view's writers under the names the engine hands its collaborators (and tests call).
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:

@@ -70,4 +70,13 @@ class HygieneFound:
     found: list[str]
 
 
-Event = StageOutcome | SignalReceived | StopRequested | DiskLevel | CheckpointSeen | RetryDue | HygieneFound
+@dataclass(frozen=True)
+class TaskFailed:
+    """One of the daemon's own tasks (a stage's, the notify worker, a watcher) raised: the
+    campaign stops, its children with it, with this one line."""
+
+    name: str
+    message: str
+
+
+Event = StageOutcome | SignalReceived | StopRequested | DiskLevel | CheckpointSeen | RetryDue | HygieneFound | TaskFailed

@@ -1,6 +1,7 @@
 """The engine's event sources, each a task that only turns what it sees into a typed event
 (daemon/core/events.py) on the engine's queue: signals, the control socket, the checkpoint
-watcher. Plus the two tasks that need no queue: systemd's watchdog and SIGHUP's re-read.
+watcher. Plus the task that needs no queue (systemd's watchdog) and SIGHUP's re-read and
+judgement (:func:`reloaded`), which the engine applies.
 
 Signal handlers set flags; the loop acts (STYLE.md 4). The one exception is a second SIGINT
 while stopping, which SIGKILLs the children at once, since the loop is busy stopping.
@@ -10,15 +11,21 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
 from anyio.abc import ObjectSendStream
+from pydantic import BaseModel
 
 from shoprld.daemon.foundation import ckptwatch
+
 from shoprld.daemon.foundation.config import Config, load_config
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.core.control import ControlServer
 from shoprld.daemon.foundation.errors import ShoprldError
 from shoprld.daemon.core.events import CheckpointSeen, Event, SignalReceived, StopRequested
@@ -29,6 +36,11 @@ log = structlog.get_logger("shoprld.engine")
 STOP_MODES = ("now", "checkpoint", "round")
 # Sections whose change would move files or change what a round is: not reloadable.
 STRUCTURAL = ("campaign", "storage", "gpus")
+# Keys read once, at start, by a task or an object that lives as long as the daemon (the disk
+# monitor, the checkpoint watcher, the launcher, the notify queue): a reload that changes them
+# is refused, naming them, rather than journaled as applied and not in effect.
+RESTART_KEYS = ("disk.interval", "disk.hysteresis", "train.launcher", "train.watch", "train.poll_interval",
+                "train.rescan_interval", "notify.queue")
 
 
 async def signals(send: ObjectSendStream[Event], *, stopping: Callable[[], bool], force: Callable[[], None]) -> None:
@@ -86,17 +98,54 @@ async def watchdog(notifier: Notifier) -> None:
         await anyio.sleep(interval)
 
 
-def reloaded(current: Config) -> Config | None:
-    """SIGHUP: the campaign file read again, when only non-structural sections changed (limits,
-    intervals, timeouts, retries, stall and gate policy, commands); else None, logged."""
+@dataclass(frozen=True)
+class Reload:
+    """What a SIGHUP's re-read gives: the new config and .env to apply, or why not (one line)."""
+
+    cfg: Config | None = None
+    secrets: Secrets | None = None
+    refused: str | None = None
+    changed: tuple[str, ...] = ()
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """``section.key`` for every value that differs (a whole section when it is not a table)."""
+    out: list[str] = []
+    for name in type(old).model_fields:
+        if name == "source":
+            continue
+        a, b = getattr(old, name), getattr(new, name)
+        if a == b:
+            continue
+        if isinstance(a, BaseModel) and isinstance(b, BaseModel):
+            out.extend(f"{name}.{k}" for k in type(a).model_fields if getattr(a, k) != getattr(b, k))
+        else:
+            out.append(name)
+    return out
+
+
+def _needs_restart(key: str) -> bool:
+    section, _, field = key.partition(".")
+    return section in STRUCTURAL or key in RESTART_KEYS or (section == "train" and field.startswith("ray_"))
+
+
+def reloaded(current: Config, layout: Layout) -> Reload:
+    """SIGHUP: the campaign file and .env read again and judged as ``run`` judges them at its
+    start (:func:`start_problems`). All or nothing: a file that does not load, a problem, or a
+    key only a restart applies refuses the whole reload (``refused``, one line naming the
+    file and the key, never a value); otherwise everything in it is to be applied."""
     try:
         new = load_config(current.source)
+        secrets = load_secrets(layout.env_file, extra_keys=new.required_secrets())
     except ShoprldError as exc:
-        log.warning("config.reload_rejected", error=str(exc))
-        return None
-    changed = [k for k in STRUCTURAL if getattr(new, k) != getattr(current, k)]
-    if changed:
-        log.warning("config.reload_rejected", error=f"structural sections changed: {', '.join(changed)}; "
-                    "restart the daemon to apply them")
-        return None
-    return new
+        return Reload(refused=str(exc))
+    changed = changed_keys(current, new)
+    restart = [k for k in changed if _needs_restart(k)]
+    if restart:
+        return Reload(refused=f"{current.source}: {', '.join(restart)} changed, which only a restart applies; "
+                              f"fix: restart the daemon to apply them, or undo them and reload again")
+    problems = start_problems(new, layout, secrets)
+    if problems:
+        more = f" (and {len(problems) - 1} more: shoprld check -c {current.source})" if len(problems) > 1 else ""
+        return Reload(refused=problems[0] + more)
+    return Reload(new, secrets, None, tuple(changed))

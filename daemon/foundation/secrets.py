@@ -53,10 +53,28 @@ class Redactor:
     caller that builds text from a child's output cannot forget it.
     """
 
-    __slots__ = ("_pattern",)
+    __slots__ = ("_pattern", "_masked")
 
-    def __init__(self, pattern: re.Pattern[str] | None = None) -> None:
+    def __init__(self, pattern: re.Pattern[str] | None = None, masked: Iterable[str] = ()) -> None:
         self._pattern = pattern
+        self._masked = frozenset(masked)
+
+    def extend(self, other: Redactor) -> None:
+        """Mask ``other``'s values too, from now on, in every writer that holds this instance.
+
+        A SIGHUP reload that makes a new key secret (``train.secrets``) calls this on the
+        daemon's one redactor: the logs, the store, the alerts and the status all hold it, so
+        none of them keeps the old pattern. The old values stay masked: a child started before
+        the reload may still print them."""
+        if other._pattern is None:
+            return
+        if other._masked and (self._pattern is None or self._masked):
+            self._masked = self._masked | other._masked
+            self._pattern = _compile(self._masked)
+        else:  # one was built from a bare pattern: keep both as they are
+            self._pattern = other._pattern if self._pattern is None else \
+                re.compile(f"{other._pattern.pattern}|{self._pattern.pattern}")
+            self._masked = frozenset()
 
     def __repr__(self) -> str:  # never show the pattern: it is made of the values
         return f"Redactor(active={self._pattern is not None})"
@@ -108,14 +126,22 @@ class Secrets:
     values: Mapping[str, str] = field(default_factory=dict)
     source: Path | None = None
     _pattern: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
+    # One instance per Secrets: whoever asks (the logs, the engine) gets the same, so a reload
+    # that extends it reaches every writer.
+    _redactor: Redactor | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._redactor is None:
+            object.__setattr__(self, "_redactor", Redactor(self._pattern))
 
     def __repr__(self) -> str:  # never show values, even in a debugger or a traceback
         return f"Secrets(keys={sorted(self.values)}, source={self.source})"
 
     @property
     def redactor(self) -> Redactor:
-        """The redactor that masks these values."""
-        return Redactor(self._pattern)
+        """The redactor that masks these values (always the same instance)."""
+        assert self._redactor is not None
+        return self._redactor
 
     def for_child(self, names: Iterable[str]) -> dict[str, str]:
         """The env entries a child gets: only the names it needs, only the set ones."""
@@ -123,10 +149,7 @@ class Secrets:
 
     def redact(self, text: str) -> str:
         """Replace every known secret value in ``text`` with ``***``."""
-        pat = self._pattern
-        if pat is None:
-            return text
-        return pat.sub(MASK, text)
+        return self.redactor.text(text)
 
     def require(self, needed: Mapping[str, str]) -> None:
         """Stop before authenticated work when a needed key is missing or empty."""
@@ -274,5 +297,10 @@ def with_pattern(values: Mapping[str, str], source: Path | None, extra_keys: Ite
         key=len,
         reverse=True,
     )
-    pattern = re.compile("|".join(re.escape(v) for v in masked)) if masked else None
-    return Secrets(dict(values), source, pattern)
+    pattern = _compile(masked) if masked else None
+    return Secrets(dict(values), source, pattern, Redactor(pattern, masked))
+
+
+def _compile(values: Iterable[str]) -> re.Pattern[str]:
+    """One alternation of the values, longest first (a value inside another is masked whole)."""
+    return re.compile("|".join(re.escape(v) for v in sorted(set(values), key=len, reverse=True)))

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.identity import StateMismatch, expected, status_problem
 from shoprld.daemon.foundation.paths import QuickConfigError, identity_fields, quick_read, state_dir_from_toml
@@ -206,6 +207,10 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
         state_dir = state_dir_from_toml(config_path, environ)
     except QuickConfigError as exc:
         raise ConfigError(str(exc)) from None
+    # A FIFO at a state file's name would hang every read below (status, report): one line.
+    wrong = state_dir_problems(state_dir)
+    if wrong:
+        raise ConfigError(wrong[0])
     snap, problem = read_snapshot(state_dir)
     # Never show another campaign's results as this one's (issue 15): a state dir shared by two
     # campaigns of the same name is refused here as `shoprld run` refuses it.

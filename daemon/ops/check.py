@@ -14,6 +14,8 @@ from pathlib import Path
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
+from shoprld.daemon.foundation.endpoints import endpoint_problems
+from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.foundation.layout import Layout
@@ -43,6 +45,8 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
         secrets.require(cfg.required_secrets())
     except Exception as exc:  # ConfigError: one line already
         problems.append(str(exc))
+    problems.extend(endpoint_problems(cfg.notify, secrets, layout.env_file))  # what a page would trip on
+    problems.extend(state_dir_problems(layout.state_dir))  # a FIFO or a dir at a state file's name
     missing = extras_problem(cfg.metrics.textfile)
     if missing:
         problems.append(missing)

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the scratch dir (stage logs, records) afterwards")
     p.add_argument("--real-analyst", action="store_true",
                    help="use the analyst's real LLM API (at your cost) instead of the local stand-in")
+    p.add_argument("--notify", action="store_true",
+                   help="send the rehearsal's pages to the campaign's [notify] endpoints, marked [rehearsal] "
+                        "(default: no page at all)")
 
     p = sub.add_parser("init", help="write a commented campaign template")
     p.add_argument("path", nargs="?", default=DEFAULT_CONFIG, help="where to write it (default ./campaign.toml)")
@@ -210,7 +213,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_rehearse(args: argparse.Namespace) -> int:
     from shoprld.daemon.ops.rehearse import run_rehearse  # lazy: the status path stays on the stdlib
 
-    return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug)
+    return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug,
+                        notify=args.notify)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

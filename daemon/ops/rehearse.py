@@ -14,8 +14,10 @@ It drives the real engine (daemon/core/engine.py) over a config derived from the
   printed and how it exited, and after emit re-points the hard-coded ports and shrinks the
   concurrencies and the val split in the emitted files (to a handful of tasks, but more than
   the online gate's regression factors, or the real gate refuses before any rollout);
-- scratch: experiment dir, state dir, ledger, caches and W&B (offline, project
-  ``<project>-rehearse``) live under a fresh scratch dir; ShopSim, the val server and the
+- scratch: experiment dir, state dir, ledger, caches, W&B (offline, project
+  ``<project>-rehearse``) and the metrics textfile live under a fresh scratch dir; no page is
+  sent, unless ``--notify`` (then to the campaign's endpoints, every page marked
+  ``[rehearsal]``); ShopSim, the val server and the
   analyst stand-in listen on free loopback ports; GPU probing is off (nothing touches a GPU).
   The one shared path is ``<project_root>/runs``, the link the tools hard-code: it points into
   the scratch dir during the rehearsal and is put back after. The real campaign's daemon must
@@ -64,6 +66,8 @@ VAL_TASKS = 4
 EPISODE_CONCURRENCY = 2
 VAL_CONCURRENCY = 2
 CONTRACT = "shared/contracts/shopsimrl-tools.md"
+# Before every page of `rehearse --notify`: nobody may take a rehearsal's page for production's.
+REHEARSAL_MARKER = "[rehearsal]"
 
 
 def _free_port() -> int:
@@ -112,8 +116,10 @@ def _wrap(cmd: tuple[str, ...], stage: str, sc: Scratch, *, emit_spec: Path | No
             *extra, "--", *cmd)
 
 
-def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool) -> Config:
-    """The scratch config: the campaign's own tools and ShopSim, stand-ins for the GPU/API parts."""
+def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, notify: bool = False) -> Config:
+    """The scratch config: the campaign's own tools and ShopSim, stand-ins for the GPU/API parts.
+    Nothing of production's operator kit: no page unless ``notify`` (then marked, see
+    :data:`REHEARSAL_MARKER`), no digest, and the metrics textfile in the scratch dir."""
     demo = "{demo_dir}"
     models = sc.root / "models"
     spec = {"scratch": str(sc.root), "episode_concurrency": EPISODE_CONCURRENCY, "val_concurrency": VAL_CONCURRENCY,
@@ -181,6 +187,10 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool) -> C
         "shopsim": shopsim, "train": train, "sidecar": sidecar, "export": export, "val": val, "gate": gate,
         "inject": inject,
         "wandb": cfg.wandb.model_copy(update={"mode": "offline", "project": f"{cfg.wandb.project}-rehearse"}),
+        "notify": cfg.notify.model_copy(update={"endpoints": cfg.notify.endpoints if notify else (),
+                                                "digest_at": ""}),
+        "metrics": cfg.metrics.model_copy(update={
+            "textfile": sc.root / "metrics" / cfg.metrics.textfile.name if cfg.metrics.textfile else None}),
     })
 
 
@@ -466,7 +476,7 @@ def _journal(state_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False, debug: bool = False,
-                 time_limit: float = TIME_LIMIT_S, scratch_dir: Path | None = None) -> int:
+                 time_limit: float = TIME_LIMIT_S, scratch_dir: Path | None = None, notify: bool = False) -> int:
     """``shoprld rehearse``: the verdicts on stdout; 0 all ok, 6 any stage not ok."""
     t0 = time.monotonic()
     cfg = load_config(config)
@@ -490,14 +500,14 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
     sys.stdout.flush()
     try:
         _prepare_models(sc)
-        scfg = derive(cfg, layout, sc, real_analyst=real_analyst)
+        scfg = derive(cfg, layout, sc, real_analyst=real_analyst, notify=notify)
         slayout = Layout.from_config(scfg)
         if not real_analyst:
             analyst = subprocess.Popen(
                 [sys.executable, str(demo_dir() / "analyst_llm.py"), "--port", str(sc.analyst_port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         configure(level="DEBUG" if debug else "WARNING", stream=sys.stderr, redactor=secrets.redactor)
-        engine = Engine(scfg, slayout, secrets)
+        engine = Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER)
         # Past the limit the engine gets SIGTERM: it stops every child as on any stop request.
         timer = threading.Timer(time_limit, lambda: os.kill(os.getpid(), signal.SIGTERM))
         timer.daemon = True

@@ -14,6 +14,7 @@ import anyio
 
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.console import Campaign, terminal_mode
+from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
@@ -44,11 +45,14 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
               compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None,
               redactor=secrets.redactor)
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
-    missing = extras_problem(cfg.metrics.textfile)
-    if missing:
-        raise ConfigError(missing)
+    # A URL or token httpx cannot send to is refused now, not at the first page (the same
+    # lines as `check` and a reload).
+    for problem in [*endpoint_problems(cfg.notify, secrets, layout.env_file), extras_problem(cfg.metrics.textfile)]:
+        if problem:
+            raise ConfigError(problem)
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
     code = anyio.run(engine.main)
     if code and engine.final_message:
-        print(f"shoprld: {secrets.redact(engine.final_message)}", file=sys.stderr)
+        # The engine's redactor: a reload may have made more keys secret since the start.
+        print(f"shoprld: {engine.redactor.text(engine.final_message)}", file=sys.stderr)
     return code

@@ -1,0 +1,32 @@
+"""The one judgement of a config before it is used: at ``run``'s start and at a SIGHUP reload
+(``check`` reports the same lines, daemon/ops/check.py, plus its machine checks).
+
+:func:`start_problems` is what ``run`` refuses before anything starts (exit 3) and what a
+reload refuses whole (the running config stays): the layout and command validation shared
+with ``check`` (daemon/services/validate.py), the secrets the config needs, the notify
+endpoints' URLs and tokens (daemon/foundation/endpoints.py) and the ``[metrics]`` extra.
+"""
+
+from __future__ import annotations
+
+from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.endpoints import endpoint_problems
+from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.services.validate import problems as validation_problems
+
+
+def start_problems(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
+    """Every reason not to run ``cfg``, one line each, in a stable order (empty: it may run)."""
+    out = [p.line() for p in validation_problems(cfg, layout)]
+    try:
+        secrets.require(cfg.required_secrets())
+    except ConfigError as exc:
+        out.append(str(exc))
+    out.extend(endpoint_problems(cfg.notify, secrets, layout.env_file))
+    missing = extras_problem(cfg.metrics.textfile)
+    if missing:
+        out.append(missing)
+    return out
