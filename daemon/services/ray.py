@@ -31,11 +31,12 @@ never signalled. The engine must keep a record whose ``job_id`` is set even thou
 is not alive (see the lead's diff for ``Engine._load``); without it, :meth:`start`'s re-attach
 still prevents a second job.
 
-Secrets: Ray runs the entrypoint through a shell, so every argv element is ``shlex.quote``d
-and the secrets go ONLY into ``runtime_env.env_vars``. A secret value found in the
-entrypoint is refused before anything is submitted. Ray's API returns ``runtime_env`` in
-clear to non-browser clients, so the dashboard must stay on loopback (the recipe's head
-binds 127.0.0.1; the seed's bound 0.0.0.0).
+Secrets: Ray runs the entrypoint through a shell, so every argv element is ``shlex.quote``d.
+Ray's Jobs API returns ``runtime_env`` (and the entrypoint) in clear to any client of the
+dashboard, so the secrets go into neither: they are written to a 0600 file under the
+experiment's tmp dir, and the entrypoint sources it (``. <file> && exec ...``): Ray is told
+its path, never a value. A secret value found in the entrypoint is refused before anything is
+submitted. The dashboard still stays on loopback (the recipe's head binds 127.0.0.1).
 
 Logs: the job's whole log is fetched per poll (the REST API has no offset; its tail is a
 websocket), so the log poll backs off with the log's size. The number of characters already
@@ -257,8 +258,9 @@ def secret_names(cfg: Config) -> set[str]:
 
 
 def job_env(cfg: Config, layout: Layout, env: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
-    """The job's ``runtime_env.env_vars``: the etiquette's variables, ``train.env``, the
-    trainer's secrets (from ``env``), then ``train.runtime_env`` expanded for the round.
+    """The job's environment: the etiquette's variables, ``train.env``, the trainer's secrets
+    (from ``env``), then ``train.runtime_env`` expanded for the round, and W&B's run of the
+    round. :func:`split_secrets` takes the secrets out of what Ray is told.
 
     Not the daemon's whole environment: PATH or HOME of the daemon mean nothing on the
     node that runs the job.
@@ -267,8 +269,42 @@ def job_env(cfg: Config, layout: Layout, env: Mapping[str, str], values: Mapping
     if cfg.wandb.enabled:
         keys |= set(cfg.wandb.pass_env)  # when set (upstream: WANDB_* "when set")
     out = {k: env[k] for k in sorted(keys) if k in env and k not in _NOT_FOR_JOBS}
+    if cfg.wandb.enabled:
+        # One W&B run per round: a relaunch (crash, stall, restart) continues it instead of
+        # opening a second run of the same name whose steps repeat the first's.
+        out["WANDB_RUN_ID"] = f"{cfg.campaign.experiment}-{values.get('round_id', '')}".strip("-")
+        out["WANDB_RESUME"] = "allow"
     out.update({k: v.format_map(dict(values)) for k, v in cfg.train.runtime_env.items()})
     return out
+
+
+def split_secrets(cfg: Config, env_vars: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(what Ray may be told, the secrets). The Jobs API serves ``runtime_env`` in clear to any
+    client of the dashboard, so secrets travel in a 0600 file instead (:func:`write_secrets`)."""
+    names = secret_names(cfg)
+    return ({k: v for k, v in env_vars.items() if k not in names},
+            {k: v for k, v in env_vars.items() if k in names and v})
+
+
+def write_secrets(layout: Layout, round_id: str, secrets: Mapping[str, str]) -> Path:
+    """The round's secrets as ``export K='v'`` lines in a 0600 file (in a 0700 dir) under the
+    experiment's tmp dir, for the entrypoint to source before the trainer starts. Rewritten at
+    each submission; ``clean`` removes it with the tmp dir."""
+    d = layout.tmp / "ray-secrets"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(d, 0o700)
+    path = d / f"{round_id}.env"
+    tmp = d / f".{round_id}.env.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(secrets.items())))
+    os.replace(tmp, path)
+    return path
+
+
+def with_secrets(entrypoint: str, path: Path | None) -> str:
+    """The entrypoint that sources the secrets file first (Ray runs it through ``/bin/sh``)."""
+    return f". {shlex.quote(str(path))} && {entrypoint}" if path is not None else entrypoint
 
 
 def ray_tmpdir_path(layout: Layout) -> Path:
@@ -372,13 +408,15 @@ class RayLauncher:
                              "after its round and its runtime env is expanded with the round's values")
         values, round_id = round.values, round.round_id
         entrypoint = entrypoint_of(argv, cwd)
-        env_vars = job_env(self.cfg, self.layout, env, values)
+        env_vars, secrets = split_secrets(self.cfg, job_env(self.cfg, self.layout, env, values))
         for name in sorted(secret_names(self.cfg)):
-            value = env.get(name) or env_vars.get(name)
+            value = env.get(name) or secrets.get(name)
             if value and len(value) >= 4 and value in entrypoint:
                 raise ConfigError(f"train.command: the value of {name} would appear in the Ray entrypoint; "
                                   "fix: pass it through the environment (train.secrets), never argv")
-        shown = entrypoint_of(redacted_argv, cwd)
+        secrets_file = write_secrets(self.layout, round_id, secrets) if secrets else None
+        entrypoint = with_secrets(entrypoint, secrets_file)
+        shown = with_secrets(entrypoint_of(redacted_argv, cwd), secrets_file)
         if self.cfg.train.ray_start_head:
             await self.ensure_head(values)
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -407,7 +445,8 @@ class RayLauncher:
         n = 1 + max((n for rid, n, _ in ours if rid == round_id), default=0)
         sid = self.submission_id(round_id, n)
         _append(log, f"=== shoprld {_now()} start {role}: ray job {sid} at {self.client.address}: {shown}\n"
-                     f"=== shoprld runtime_env.env_vars: {', '.join(sorted(env_vars))}\n")
+                     f"=== shoprld runtime_env.env_vars: {', '.join(sorted(env_vars))}; secrets from a 0600 file: "
+                     f"{', '.join(sorted(secrets)) or 'none'}\n")
         metadata = {"shoprld_campaign": self.cfg.campaign.name, "shoprld_experiment": self.cfg.campaign.experiment,
                     "shoprld_round": round_id, "shoprld_role": role}
         deadline = time.monotonic() + self.head_timeout

@@ -200,8 +200,10 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
     assert by_round == {"round-000": [f"{PREFIX}round-000-1"], "round-001": [f"{PREFIX}round-001-1"]}, jobs
     assert {j["status"] for j in jobs} == {"SUCCEEDED"}
     for j in jobs:
-        assert "WANDB_API_KEY" in j["runtime_env"]["env_vars"]
-        assert "demo-fake-wandb-key" not in j["entrypoint"]
+        # Issue 27: GET /api/jobs/ (what any dashboard client reads) holds no secret value.
+        assert "WANDB_API_KEY" not in j["runtime_env"]["env_vars"]
+        assert "demo-fake-wandb-key" not in json.dumps(j)
+        assert j["runtime_env"]["env_vars"]["WANDB_RESUME"] == "allow"
     text0 = log0.read_text()
     assert re.search(r" - rollout 19: \{", text0)
     adopted = [r for r in map(json.loads, (state_dir / "journal.jsonl").read_text().splitlines())

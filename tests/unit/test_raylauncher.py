@@ -8,6 +8,7 @@ real log copy in seconds. The real head is exercised by tests/integration/test_r
 from __future__ import annotations
 
 import json
+import hashlib
 import os
 import signal
 import socket
@@ -34,6 +35,7 @@ from shoprld.daemon.services.ray import (
     ray_tmpdir,
     ray_tmpdir_path,
     session_pids,
+    split_secrets,
 )
 from shoprld.daemon.services.rayjobs import RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import resolve
@@ -175,8 +177,30 @@ async def test_trainer_runs_as_a_job_and_its_log_reaches_the_stage_log(tmp_path:
     [job] = standin.jobs()
     assert job["status"] == "SUCCEEDED"
     assert SECRET not in job["entrypoint"] and SECRET not in log
-    assert job["runtime_env"]["env_vars"]["WANDB_API_KEY"] == SECRET
+    # Issue 27: the Jobs API serves runtime_env and the entrypoint to any client: no secret there.
+    assert "WANDB_API_KEY" not in job["runtime_env"]["env_vars"]
+    assert SECRET not in json.dumps(standin.jobs())
+    secrets_file = layout.tmp / "ray-secrets" / "round-000.env"
+    assert str(secrets_file) in job["entrypoint"] and os.stat(secrets_file).st_mode & 0o777 == 0o600
     assert json.loads((layout.artifacts / "round" / "round-000.json").read_text())["job_id"] == child.job_id
+
+
+# The trainer compares a digest: the value itself in argv is refused (it would reach Ray).
+SEES_SECRET = ("import hashlib, os\nkey = os.environ.get('WANDB_API_KEY', '').encode()\n"
+               f"print('secret seen' if hashlib.sha256(key).hexdigest() == {hashlib.sha256(SECRET.encode()).hexdigest()!r} "
+               "else 'no secret', flush=True)")
+
+
+@pytest.mark.anyio
+async def test_the_trainer_gets_its_secret_from_the_file_not_from_ray(tmp_path: Path, standin: Standin) -> None:
+    """The job's process sees WANDB_API_KEY (sourced from the 0600 file), while GET /api/jobs/
+    shows neither the value nor the name in runtime_env."""
+    cfg, layout, launcher = setup(tmp_path, standin.address)
+    with anyio.fail_after(30):
+        child = await start_trainer(launcher, layout, cfg, SEES_SECRET)
+        assert await child.wait() == 0
+    assert "secret seen" in layout.stage_log(0, "TRAIN").read_text()
+    assert SECRET not in json.dumps(standin.jobs())
 
 
 @pytest.mark.anyio
@@ -360,6 +384,8 @@ def test_job_env_is_the_etiquette_train_env_runtime_env_and_secrets(tmp_path: Pa
     env.update({"PATH": "/usr/bin", "HOME": "/root"})
     out = job_env(cfg, layout, env, {"project_root": "/proj"})
     assert out["WANDB_API_KEY"] == SECRET and out["DEMO_KNOB"] == "7"
+    public, secrets = split_secrets(cfg, out)
+    assert secrets == {"WANDB_API_KEY": SECRET} and "WANDB_API_KEY" not in public
     assert out["SHOPSIMRL_PROJECT_ROOT"] == "/proj" and out["NCCL_NVLS_ENABLE"] == "0"
     assert out["HF_HOME"] == str(layout.cache_root / "huggingface")
     for key in ("PATH", "HOME", "SHOPRLD_CHILD", "CUDA_VISIBLE_DEVICES"):
