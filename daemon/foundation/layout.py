@@ -71,7 +71,8 @@ class Layout:
             cache_root=cache,
             campaign_root=campaign_root,
             exp_dir=exp,
-            state_dir=cfg.storage.state_dir or default_state_dir(cfg.campaign.name, environ),
+            state_dir=cfg.storage.state_dir or default_state_dir(cfg.campaign.name, environ,
+                                                                 instance=Path(cfg.source).name.removesuffix(".toml")),
             env_file=env_file,
             ledger=ledger if ledger.is_absolute() else repo / ledger,
         )

@@ -20,16 +20,19 @@ def round_id(index: int) -> str:
     return f"round-{index:03d}"
 
 
-def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ) -> Path:
-    """$STATE_DIRECTORY under systemd, else the system unit's dir when it exists (so that
-    `shoprld status` run by hand finds a campaign systemd runs), else
-    $XDG_STATE_HOME/shoprld/<campaign>."""
+def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ, *, instance: str | None = None,
+                      system_root: Path = Path("/var/lib/shoprld")) -> Path:
+    """$STATE_DIRECTORY under systemd (or supervisord: its config pins it), else the system
+    unit's dir when it exists, under the campaign's name or under the unit's instance name (the
+    campaign file's name, which may differ), so that `shoprld status`/`stop` run by hand find a
+    campaign systemd runs; else $XDG_STATE_HOME/shoprld/<campaign>."""
     if environ.get("STATE_DIRECTORY"):
         # systemd may pass several colon-separated dirs; the first is ours.
         return Path(environ["STATE_DIRECTORY"].split(":")[0])
-    system = Path("/var/lib/shoprld") / campaign
-    if system.is_dir():
-        return system
+    for name in dict.fromkeys(n for n in (campaign, instance) if n):
+        system = system_root / name
+        if system.is_dir():
+            return system
     xdg = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME", "/root")) / ".local" / "state")
     return Path(xdg) / "shoprld" / campaign
 
@@ -77,7 +80,7 @@ def state_dir_from_toml(config: Path, environ: Mapping[str, str] = os.environ) -
     if isinstance(raw, str) and raw:
         p = Path(os.path.expandvars(raw)).expanduser()
         return p if p.is_absolute() else config.resolve().parent / p
-    return default_state_dir(campaign, environ)
+    return default_state_dir(campaign, environ, instance=config.name.removesuffix(".toml"))
 
 
 def identity_fields(config: Path, data: Mapping[str, Any]) -> tuple[str, str, Path, Path]:

@@ -448,3 +448,18 @@ def test_check_on_generated_env_files_says_ready_or_one_line_with_exit_3(tmp_pat
 def test_check_on_generated_env_files_many(tmp_path: Path, data: bytes) -> None:
     """The same, many more examples, with a fixed seed (slow suite)."""
     _fuzz_check(tmp_path, data)
+
+
+def test_status_by_hand_finds_the_units_state_dir_under_its_instance_name(tmp_path: Path) -> None:
+    """Issue 25: the unit's state dir is /var/lib/shoprld/<instance> (the campaign file's name);
+    by hand, a campaign named otherwise still finds it there, and its own name wins when both exist."""
+    from shoprld.daemon.foundation.paths import default_state_dir
+
+    env = {"HOME": str(tmp_path / "home")}
+    root = tmp_path / "var-lib-shoprld"
+    assert default_state_dir("demo", env, instance="night1", system_root=root) == tmp_path / "home/.local/state/shoprld/demo"
+    (root / "night1").mkdir(parents=True)
+    assert default_state_dir("demo", env, instance="night1", system_root=root) == root / "night1"
+    (root / "demo").mkdir()
+    assert default_state_dir("demo", env, instance="night1", system_root=root) == root / "demo"
+    assert default_state_dir("demo", {**env, "STATE_DIRECTORY": "/s"}, instance="night1", system_root=root) == Path("/s")
