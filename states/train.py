@@ -38,6 +38,7 @@ from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child
+from shoprld.daemon.services.rayjobs import RayJobsError
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
 from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object, require_keys
 
@@ -63,6 +64,13 @@ async def run(ctx: RoundContext) -> Outcome:
     # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
     # time those take is time in which the adopted job may finish).
     trainer = ctx.find_child(ChildRole.TRAINER)
+    if trainer is None:
+        # A live job of this round in Ray (issue 27): a daemon that lost sight of it, or died,
+        # must not emit, recover leaks or clear GPUs under it, nor launch a second trainer.
+        try:
+            trainer = await ctx.reattach(ChildRole.TRAINER, state=STATE)
+        except RayJobsError as exc:
+            return Outcome.retry(f"{exc}; a live job may be running there, so none is launched")
     if trainer is None and cfg.train.emit_command:
         await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
@@ -109,6 +117,8 @@ async def run(ctx: RoundContext) -> Outcome:
         saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
                                 emit=ctx.emit)
         trainer = await ctx.start(ChildRole.TRAINER, cfg.train.command, cfg.train, state=STATE)
+        if trainer.reattached:
+            resume = None  # Ray had it running already: it loaded its checkpoint long before this look
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
         followed = await _follow(ctx, trainer, resume)

@@ -121,6 +121,9 @@ class Child:
         self.record = record
         self._process = process
         self.returncode: int | None = None
+        # Found running (a Ray job live in Ray), not launched by this attempt: no resume check
+        # may judge it, since it loaded its checkpoint long before this attempt's look.
+        self.reattached = False
 
     @property
     def pid(self) -> int:
@@ -196,6 +199,12 @@ class Launcher(Protocol):
 
     def adopt(self, record: ChildRecord) -> Child | None: ...
 
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        """A child of ``role`` for ``round`` that runs without a record of ours (a Ray job that
+        outlived its daemon, or that the daemon lost sight of): TRAIN asks before anything
+        else, and re-attaches instead of launching under it. Local children have none."""
+        ...
+
 
 class LocalLauncher:
     """Children as local processes in their own sessions, logging to a file."""
@@ -223,6 +232,9 @@ class LocalLauncher:
         if pid_alive(record.pid, record.start_ticks):
             return Child(record, None)
         return None
+
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        return None  # a local child without a record is found by its tag (children.py), not here
 
 
 class Clock(Protocol):

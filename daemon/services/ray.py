@@ -52,7 +52,7 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +93,10 @@ class RayJobChild(Child):
     """A Ray job standing in for a local child: same surface, no process group."""
 
     def __init__(self, record: ChildRecord, client: RayJobsClient, *, status: str = "PENDING",
-                 poll: float = 1.0, unreachable_timeout: float = 300.0) -> None:
+                 poll: float = 1.0, unreachable_timeout: float = 300.0,
+                 head_alive: Callable[[], bool] = lambda: False) -> None:
         super().__init__(record, None)
+        self.head_alive = head_alive  # whether the head that runs the job (ours) still runs
         self.client = client
         self.status = status
         self.message = ""
@@ -107,6 +109,9 @@ class RayJobChild(Child):
         self._copied = _read_offset(self._offset_file)
         self._log_due = 0.0
         self._log_size = 0
+        self.submitted_entrypoint = ""   # what Ray runs, for a re-attached job
+        self.status_failures = 0         # failed status calls in a row (the job's fate)
+        self.log_failures = 0            # failed log pulls (never the job's fate)
 
     @property
     def job_id(self) -> str:
@@ -160,23 +165,40 @@ class RayJobChild(Child):
             return len(data)
 
     async def wait(self, poll: float | None = None) -> int | None:
-        """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED."""
+        """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED.
+
+        A status call that fails is retried with backoff; "the API does not answer" becomes
+        "the job failed" only after ``unreachable_timeout`` AND with no head of ours running
+        (issue 27: a dashboard stalled by log reads must not kill a healthy run). A failed log
+        pull says nothing of the job: it is counted apart and never ends the wait."""
         interval = self._poll if poll is None else max(poll, 0.05)
         unreachable_since: float | None = None
         while self.alive():
             try:
                 await self.refresh()
-                await self.pull_logs()
-                unreachable_since = None
+                self.status_failures, unreachable_since = 0, None
             except RayJobsError as exc:
+                self.status_failures += 1
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > self._unreachable_timeout:
-                    self._note(f"lost the Ray Jobs API for {self._unreachable_timeout:.0f}s ({exc}); "
-                               "treating the job as failed")
-                    self.message = str(exc)
-                    return self._finish("FAILED")
+                    if self.head_alive():
+                        self._note(f"the Ray Jobs API has not answered for {self._unreachable_timeout:.0f}s ({exc}), "
+                                   "but the head runs: still watching the job")
+                        unreachable_since = time.monotonic()
+                    else:
+                        self._note(f"lost the Ray Jobs API for {self._unreachable_timeout:.0f}s ({exc}) and no head "
+                                   "of ours runs; treating the job as failed")
+                        self.message = str(exc)
+                        return self._finish("FAILED")
             if self.alive():
-                await anyio.sleep(interval)
+                try:
+                    await self.pull_logs()
+                    self.log_failures = 0
+                except RayJobsError:
+                    self.log_failures += 1
+            if self.alive():
+                # Back off while the API fails (a struggling dashboard needs air), up to 30 s.
+                await anyio.sleep(min(30.0, interval * 2 ** min(self.status_failures, 5)))
         try:
             await self.pull_logs(force=True)
         except RayJobsError:
@@ -421,26 +443,12 @@ class RayLauncher:
             await self.ensure_head(values)
         log.parent.mkdir(parents=True, exist_ok=True)
 
-        ours: list[tuple[str, int, dict[str, Any]]] = []
-        for j in await self.client.list():
-            parsed = self._parse(j.get("submission_id"))
-            if parsed is not None:
-                ours.append((parsed[0], parsed[1], j))
-        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
-                      key=lambda t: t[0])
-        keep = live[-1][1] if live else None
-        for rid, _, j in ours:  # one trainer per save dir: any other live job of ours goes first
-            if j.get("status") in LIVE and j is not keep:
-                other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
-                await other.stop(self.cfg.train.grace)
-        if keep is not None:
-            sid = str(keep["submission_id"])
-            child = self._child(sid, role, log, list(redacted_argv), str(keep.get("status")))
-            child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
-            if str(keep.get("entrypoint", "")) != entrypoint:
+        ours = await self._ours()
+        child = await self._attach(role, round_id, ours, log, list(redacted_argv))
+        if child is not None:
+            if str(child.submitted_entrypoint) != entrypoint:
                 child._note("note: the live job's entrypoint differs from the recipe's; it keeps running as "
                             "submitted (stop the campaign to pick up the change)")
-            self._note_job(round_id, sid)
             return child
         n = 1 + max((n for rid, n, _ in ours if rid == round_id), default=0)
         sid = self.submission_id(round_id, n)
@@ -465,6 +473,59 @@ class RayLauncher:
         self._note_job(round_id, sid)
         return child
 
+    async def _ours(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(round id, n, job) of every job of this campaign Ray knows."""
+        ours: list[tuple[str, int, dict[str, Any]]] = []
+        for j in await self.client.list():
+            parsed = self._parse(j.get("submission_id"))
+            if parsed is not None:
+                ours.append((parsed[0], parsed[1], j))
+        return ours
+
+    async def _attach(self, role: str, round_id: str, ours: list[tuple[str, int, dict[str, Any]]], log: Path,
+                      argv: list[str]) -> RayJobChild | None:
+        """Re-attach to the round's newest live job (stopping any other live job of ours first:
+        one trainer per save dir); None when the round has none."""
+        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
+                      key=lambda t: t[0])
+        keep = live[-1][1] if live else None
+        for _rid, _, j in ours:
+            if j.get("status") in LIVE and j is not keep:
+                other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
+                await other.stop(self.cfg.train.grace)
+        if keep is None:
+            return None
+        sid = str(keep["submission_id"])
+        child = self._child(sid, role, log, argv, str(keep.get("status")))
+        child.reattached, child.submitted_entrypoint = True, str(keep.get("entrypoint", ""))
+        child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
+        self._note_job(round_id, sid)
+        return child
+
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        """This round's live job, asked of Ray before anything else in TRAIN (issue 27): a job
+        that outlived its daemon, or that the daemon lost sight of while the Jobs API did not
+        answer, is re-attached: no emit, no resume check, no leak or GPU recovery under it.
+        None when no head answers and none of ours runs. Raises :class:`RayJobsError` when our
+        head runs but its API does not answer: a live job may be there, so nothing is launched."""
+        if role not in self.roles:
+            return await self.inner.live(role, log=log, round=round)
+        if not await self.client.reachable():
+            if self.head_running():
+                raise RayJobsError(f"the Ray head shoprld started runs, but its Jobs API at "
+                                   f"{self.cfg.train.ray_address} does not answer")
+            return None
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return await self._attach(role, round.round_id, await self._ours(), log, [])
+
+    def head_running(self) -> bool:
+        """Whether the head this campaign started (its record) still runs, by pid and start time."""
+        try:
+            rec = json.loads((self.layout.ray_tmp / _HEAD_RECORD).read_text())
+            return pid_alive(int(rec.get("pid", 0)), rec.get("start_ticks"))
+        except (OSError, ValueError, TypeError):
+            return False
+
     def adopt(self, record: ChildRecord) -> Child | None:
         if not record.job_id:
             return self.inner.adopt(record)
@@ -475,13 +536,13 @@ class RayLauncher:
         if info is None or info.get("status") not in LIVE:
             return None
         return RayJobChild(record, self.client, status=str(info["status"]), poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running)
 
     def _child(self, sid: str, role: str, log: Path, argv: list[str], status: str) -> RayJobChild:
         record = ChildRecord(role=role, pid=0, pgid=0, start_ticks=None, started_at=time.time(), log=str(log),
                              argv=argv, job_id=sid)
         return RayJobChild(record, self.client, status=status, poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running)
 
     def _note_job(self, round_id: str, sid: str) -> None:
         """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""

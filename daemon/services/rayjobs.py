@@ -42,8 +42,10 @@ class RayJobsClient:
         return self._http
 
     def _sync(self) -> httpx.Client:
+        # The daemon's start-up (adopt) waits up to the client's timeout (30 s): a dashboard slowed
+        # by log reads answers late, and a job wrongly taken for gone is one launched twice.
         return httpx.Client(base_url=self.address, transport=self._sync_transport, trust_env=False,
-                            timeout=min(self._timeout, 5.0))
+                            timeout=self._timeout)
 
     async def aclose(self) -> None:
         if self._http is not None:
@@ -122,7 +124,7 @@ class RayJobsClient:
         """Blocking stop request (for ``signal_group``, which must not await)."""
         try:
             with self._sync() as c:
-                c.post(f"/api/jobs/{job_id}/stop")
+                c.post(f"/api/jobs/{job_id}/stop", timeout=min(self._timeout, 5.0))  # it blocks the loop
         except httpx.HTTPError:
             pass
 

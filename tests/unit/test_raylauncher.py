@@ -352,6 +352,58 @@ async def test_lost_api_counts_as_a_failed_job(tmp_path: Path, standin: Standin)
 
 
 @pytest.mark.anyio
+async def test_a_stalled_api_while_our_head_runs_is_not_a_failed_job(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: the dashboard stops answering (SIGSTOP) for longer than the limit while the head
+    runs: wait() keeps watching, and the job's real end (SUCCEEDED) is what it returns."""
+    cfg, layout, _ = setup(tmp_path, standin.address)
+    client = RayJobsClient(standin.address, timeout=1.0)
+    launcher = RayLauncher(cfg, layout, client=client, poll=0.05, unreachable_timeout=0.5)
+    code = "import time\nfor i in range(80):\n    print(f'rollout {i}', flush=True)\n    time.sleep(0.1)"
+    with anyio.fail_after(60):
+        child = await start_trainer(launcher, layout, cfg, code)
+        assert isinstance(child, RayJobChild)
+        child.head_alive = lambda: True
+        os.kill(standin.proc.pid, signal.SIGSTOP)
+        try:
+            async with anyio.create_task_group() as tg:
+                async def resume_later() -> None:
+                    await anyio.sleep(4.5)
+                    os.kill(standin.proc.pid, signal.SIGCONT)
+                tg.start_soon(resume_later)
+                assert await child.wait() == 0
+        finally:
+            os.kill(standin.proc.pid, signal.SIGCONT)
+    text = layout.stage_log(0, "TRAIN").read_text()
+    assert "but the head runs: still watching" in text and "rollout 79" in text
+    assert child.status_failures == 0
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_live_finds_the_rounds_running_job_before_anything_is_launched(tmp_path: Path, standin: Standin) -> None:
+    """A restarted daemon asks Ray first: the round's live job comes back re-attached (no
+    resume check may judge it); another round's TRAIN finds none."""
+    cfg, layout, first = setup(tmp_path, standin.address)
+    with anyio.fail_after(30):
+        a = await start_trainer(first, layout, cfg, LOOP_FOREVER)
+        assert not a.reattached
+        second = RayLauncher(cfg, layout, poll=0.1)
+        b = await second.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0))
+        assert b is not None and b.record.job_id == a.record.job_id and b.reattached
+        assert await second.live("trainer", log=layout.stage_log(1, "TRAIN"), round=resolve(cfg, layout, 1)) is None
+        assert len(standin.jobs()) == 1
+        assert await b.stop(2.0) == 1
+
+
+@pytest.mark.anyio
+async def test_live_with_no_head_answering_and_none_of_ours_is_none(tmp_path: Path) -> None:
+    """No head answers and no head of ours runs: nothing can be live, TRAIN may launch."""
+    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9")
+    assert not launcher.head_running()
+    assert await launcher.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0)) is None
+
+
+@pytest.mark.anyio
 async def test_a_retried_submit_attaches_to_the_job_ray_already_holds(tmp_path: Path) -> None:
     """POST answered 'already exists' (our own earlier request landed) is an attach, not an error."""
     calls: list[str] = []
