@@ -38,8 +38,10 @@ experiment's tmp dir, and the entrypoint sources it (``. <file> && exec ...``): 
 its path, never a value. A secret value found in the entrypoint is refused before anything is
 submitted. The dashboard still stays on loopback (the recipe's head binds 127.0.0.1).
 
-Logs: the job's whole log is fetched per poll (the REST API has no offset; its tail is a
-websocket), so the log poll backs off with the log's size. The number of characters already
+Logs: with a head of ours, the job's driver log (``<RAY_TMPDIR>/ray/session_latest/logs/
+job-driver-<id>.log``) is followed by byte offset, as the trainer's own log is. Otherwise (a
+cluster elsewhere) the job's whole log is fetched per poll (the REST API has no offset; its
+tail is a websocket), so the log poll backs off with the log's size. The number of characters already
 copied is kept beside the stage log (``.<log>.<job>.offset``), so a re-attach after a daemon
 crash appends only what is new.
 """
@@ -94,9 +96,10 @@ class RayJobChild(Child):
 
     def __init__(self, record: ChildRecord, client: RayJobsClient, *, status: str = "PENDING",
                  poll: float = 1.0, unreachable_timeout: float = 300.0,
-                 head_alive: Callable[[], bool] = lambda: False) -> None:
+                 head_alive: Callable[[], bool] = lambda: False, driver_log: Path | None = None) -> None:
         super().__init__(record, None)
         self.head_alive = head_alive  # whether the head that runs the job (ours) still runs
+        self.driver_log = driver_log  # the job's log on this box: followed by byte offset
         self.client = client
         self.status = status
         self.message = ""
@@ -107,6 +110,9 @@ class RayJobChild(Child):
         self._offset_file = (self._log.with_name(f".{self._log.name}.{record.job_id}.offset")
                              if self._log else None)
         self._copied = _read_offset(self._offset_file)
+        self._boffset_file = (self._log.with_name(f".{self._log.name}.{record.job_id}.driver-offset")
+                              if self._log else None)
+        self._bcopied = _read_offset(self._boffset_file)
         self._log_due = 0.0
         self._log_size = 0
         self.submitted_entrypoint = ""   # what Ray runs, for a re-attached job
@@ -138,9 +144,16 @@ class RayJobChild(Child):
         return self.status
 
     async def pull_logs(self, *, force: bool = False) -> int:
-        """Append what the job logged since the last pull to the stage log; bytes written."""
+        """Append what the job logged since the last pull to the stage log; bytes written.
+
+        With the driver log on this box (a head of ours), it is followed by byte offset, a
+        chunk at a time: memory stays flat however long the log grows, and the dashboard is
+        never asked (issue 27: Ray's agent materialises the whole log per request, about 3x).
+        Otherwise the Jobs API's whole log, with a poll that backs off with its size."""
         if self._log is None:
             return 0
+        if self.driver_log is not None:
+            return self._follow_driver_log()
         now = time.monotonic()
         if not force and now < self._log_due:
             return 0
@@ -163,6 +176,32 @@ class RayJobChild(Child):
             self._copied = len(text)
             _write_offset(self._offset_file, self._copied)
             return len(data)
+
+    def _follow_driver_log(self, chunk: int = 1 << 20, most: int = 64 << 20) -> int:
+        assert self.driver_log is not None and self._log is not None
+        try:
+            src = open(self.driver_log, "rb")
+        except OSError:
+            return 0  # not written yet (PENDING), or the session is gone
+        total = 0
+        with src:
+            if os.fstat(src.fileno()).st_size < self._bcopied:
+                self._bcopied = 0  # another file under the same name: copy it from its start
+            src.seek(self._bcopied)
+            fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                while total < most:
+                    data = src.read(chunk)
+                    if not data:
+                        break
+                    os.write(fd, data)
+                    total += len(data)
+                    self._bcopied += len(data)
+            finally:
+                os.close(fd)
+        if total:
+            _write_offset(self._boffset_file, self._bcopied)
+        return total
 
     async def wait(self, poll: float | None = None) -> int | None:
         """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED.
@@ -395,13 +434,20 @@ class RayLauncher:
 
     def __init__(self, cfg: Config, layout: Layout, *, inner: Launcher | None = None,
                  client: RayJobsClient | None = None, poll: float = 1.0, head_timeout: float = 180.0,
-                 unreachable_timeout: float = 300.0, roles: Sequence[ChildRole] = RAY_ROLES) -> None:
+                 unreachable_timeout: float = 300.0, roles: Sequence[ChildRole] = RAY_ROLES,
+                 driver_logs: Path | None = None) -> None:
         self.cfg, self.layout = cfg, layout
         self.inner: Launcher = inner or LocalLauncher()
         self.client = client or RayJobsClient(cfg.train.ray_address)
         self.poll, self.head_timeout, self.unreachable_timeout = poll, head_timeout, unreachable_timeout
         self.roles = tuple(roles)
         self.head: Child | None = None
+        # Where the jobs' driver logs are, when the head is ours (its session is on this box):
+        # Ray writes <temp dir>/session_latest/logs/job-driver-<submission id>.log, and
+        # RAY_TMPDIR/ray is the temp dir of a head started with it.
+        if driver_logs is None and cfg.train.ray_start_head:
+            driver_logs = ray_tmpdir_path(layout) / "ray" / "session_latest" / "logs"
+        self.driver_logs = driver_logs
 
     # -- naming -------------------------------------------------------------------------------
     @property
@@ -536,13 +582,19 @@ class RayLauncher:
         if info is None or info.get("status") not in LIVE:
             return None
         return RayJobChild(record, self.client, status=str(info["status"]), poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running,
+                           driver_log=self.driver_log(record.job_id))
 
     def _child(self, sid: str, role: str, log: Path, argv: list[str], status: str) -> RayJobChild:
         record = ChildRecord(role=role, pid=0, pgid=0, start_ticks=None, started_at=time.time(), log=str(log),
                              argv=argv, job_id=sid)
         return RayJobChild(record, self.client, status=status, poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running,
+                           driver_log=self.driver_log(sid))
+
+    def driver_log(self, sid: str) -> Path | None:
+        """The job's driver log on this box (a head of ours), followed by offset; else None."""
+        return self.driver_logs / f"job-driver-{sid}.log" if self.driver_logs is not None else None
 
     def _note_job(self, round_id: str, sid: str) -> None:
         """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""

@@ -404,6 +404,30 @@ async def test_live_with_no_head_answering_and_none_of_ours_is_none(tmp_path: Pa
 
 
 @pytest.mark.anyio
+async def test_the_driver_log_is_followed_by_offset_once_even_across_a_restart(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: with the driver log on this box, the stage log gets every line exactly once, read
+    by byte offset (no whole-log GET), also when a restarted daemon re-attaches mid-job."""
+    cfg, layout, _ = setup(tmp_path, standin.address)
+    first = RayLauncher(cfg, layout, poll=0.05, driver_logs=standin.logs)
+    code = ("import sys, time\nfor i in range(4000):\n    print(f'rollout {i:05d} ' + 'x' * 900, flush=True)\n"
+            "    if i == 2000: time.sleep(1.5)\n")
+    got: list[str] = []
+    with anyio.fail_after(60):
+        a = await start_trainer(first, layout, cfg, code)
+        assert isinstance(a, RayJobChild) and a.driver_log == standin.logs / f"job-driver-{a.job_id}.log"
+        while "rollout 01000" not in layout.stage_log(0, "TRAIN").read_text():
+            await a.refresh()
+            await a.pull_logs(force=True)
+            await anyio.sleep(0.05)
+        second = RayLauncher(cfg, layout, poll=0.05, driver_logs=standin.logs)  # a restarted daemon
+        b = await second.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0))
+        assert isinstance(b, RayJobChild)
+        assert await b.wait() == 0
+    got = [line.split()[1] for line in layout.stage_log(0, "TRAIN").read_text().splitlines() if line.startswith("rollout ")]
+    assert got == [f"{i:05d}" for i in range(4000)]
+
+
+@pytest.mark.anyio
 async def test_a_retried_submit_attaches_to_the_job_ray_already_holds(tmp_path: Path) -> None:
     """POST answered 'already exists' (our own earlier request landed) is an attach, not an error."""
     calls: list[str] = []
