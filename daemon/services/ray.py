@@ -565,10 +565,11 @@ class RayLauncher:
         return await self._attach(role, round.round_id, await self._ours(), log, [])
 
     def head_running(self) -> bool:
-        """Whether the head this campaign started (its record) still runs, by pid and start time."""
+        """Whether the head this campaign started (its record) still runs: this boot, its pid
+        with its start time."""
         try:
             rec = json.loads((self.layout.ray_tmp / _HEAD_RECORD).read_text())
-            return pid_alive(int(rec.get("pid", 0)), rec.get("start_ticks"))
+            return rec.get("boot_id") == boot_id() and pid_alive(int(rec.get("pid", 0)), rec.get("start_ticks"))
         except (OSError, ValueError, TypeError):
             return False
 
@@ -615,7 +616,12 @@ class RayLauncher:
         """Make sure a head answers at ``train.ray_address``; start ``train.ray_head_command``
         (in its own session, RAY_TMPDIR in the experiment dir) when none does."""
         if await self.client.reachable():
-            return
+            if self.head_running():
+                return  # ours, from before a daemon restart: its jobs are ours to re-attach
+            raise ConfigError(f"{self.cfg.source}: train.ray_address: a Ray head already answers at "
+                              f"{self.cfg.train.ray_address}, and it is not one this campaign started (no record in "
+                              f"{self.layout.ray_tmp / _HEAD_RECORD}); fix: stop that head, or use it on purpose "
+                              "with train.ray_start_head = false")
         if not self.cfg.train.ray_head_command:
             raise ConfigError(f"{self.cfg.source}: train.ray_head_command: empty, and no Ray head answers at "
                               f"{self.cfg.train.ray_address}; fix: give the `ray start --head --block ...` argv")
@@ -629,7 +635,7 @@ class RayLauncher:
                                       redacted_argv=argv)
         self.head = head
         rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,
-               "address": self.cfg.train.ray_address, "started_at": time.time()}
+               "address": self.cfg.train.ray_address, "started_at": time.time(), "boot_id": boot_id()}
         atomic_write_json(self.layout.ray_tmp / _HEAD_RECORD, rec)
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
@@ -652,7 +658,10 @@ class RayLauncher:
         pid, sid = int(rec.get("pid", 0)), int(rec.get("sid", 0))
         # The leader alive with its recorded start time, or gone (then what keeps its
         # session id are its own orphans); a live pid with another start time was reused.
-        ours = pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid)
+        # A record from another boot (an instance restart: PIDs start low again) names
+        # nothing of ours: its session id may be anyone's now.
+        same_boot = rec.get("boot_id") == boot_id()
+        ours = same_boot and (pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid))
         if pid > 1 and sid == pid and ours:
             await stop_session(sid, grace)
         if self.head is not None:
@@ -667,6 +676,14 @@ class RayLauncher:
             await self.stop_head()
         finally:
             await self.client.aclose()
+
+
+def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """This boot's id (a new one after every reboot or container instance restart)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _append(log: Path, text: str) -> None:

@@ -561,3 +561,29 @@ async def test_ensure_head_starts_the_head_in_its_own_session_and_stops_it_by_se
         link = ray_tmpdir_path(layout)
         if link != layout.ray_tmp:
             link.unlink(missing_ok=True)
+
+
+@pytest.mark.anyio
+async def test_a_head_that_is_not_ours_is_refused_not_reused(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: a head answers on the configured address with no record of ours: one line, no job."""
+    cfg, layout, launcher = setup(tmp_path, standin.address, ray_start_head=True, ray_head_command=["true"])
+    with anyio.fail_after(30), pytest.raises(ConfigError, match="not one this campaign started"):
+        await launcher.ensure_head({})
+    assert standin.jobs() == []
+
+
+@pytest.mark.anyio
+async def test_a_head_record_from_another_boot_signals_nothing(tmp_path: Path) -> None:
+    """After an instance restart the recorded session id may be anyone's: stop_head leaves it be."""
+    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9")
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        layout.ray_tmp.mkdir(parents=True, exist_ok=True)
+        rec = {"pid": proc.pid, "sid": proc.pid, "start_ticks": None, "boot_id": "another-boot"}
+        (layout.ray_tmp / "shoprld-head.json").write_text(json.dumps(rec))
+        assert not launcher.head_running()
+        assert await launcher.stop_head(grace=0.5)
+        assert proc.poll() is None, "a session of another boot was signalled"
+    finally:
+        proc.kill()
+        proc.wait()
