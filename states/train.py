@@ -153,6 +153,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if completed(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)
+        await ctx.launcher.idle()  # a Ray head of ours goes with its job (issue 27)
         return Outcome.done(f"{ctx.plan.checkpoint_name} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
     if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)

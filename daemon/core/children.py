@@ -150,6 +150,9 @@ class TaggingLauncher:
     async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
         return await self._inner.live(role, log=log, round=round)
 
+    async def idle(self) -> None:
+        await self._inner.idle()
+
 
 def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:
     """Session leaders whose ``SHOPRLD_CHILD`` starts with ``tag_prefix``, by role (the rest of the tag)."""

@@ -205,6 +205,10 @@ class Launcher(Protocol):
         else, and re-attaches instead of launching under it. Local children have none."""
         ...
 
+    async def idle(self) -> None:
+        """TRAIN's job is done: stop what only it needed (a Ray head this campaign started)."""
+        ...
+
 
 class LocalLauncher:
     """Children as local processes in their own sessions, logging to a file."""
@@ -235,6 +239,9 @@ class LocalLauncher:
 
     async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
         return None  # a local child without a record is found by its tag (children.py), not here
+
+    async def idle(self) -> None:
+        return None
 
 
 class Clock(Protocol):

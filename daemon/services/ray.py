@@ -153,7 +153,12 @@ class RayJobChild(Child):
         if self._log is None:
             return 0
         if self.driver_log is not None:
-            return self._follow_driver_log()
+            if self._bcopied or self.driver_log.exists() or self.status not in ("RUNNING", "SUCCEEDED", "FAILED"):
+                return self._follow_driver_log()
+            # Running, yet no driver log where Ray writes it (a head command with its own
+            # --temp-dir?): the Jobs API's log then, rather than a trainer that looks silent.
+            self._note(f"no driver log at {self.driver_log}; following the job's log through the Jobs API")
+            self.driver_log = None
         now = time.monotonic()
         if not force and now < self._log_due:
             return 0
@@ -563,6 +568,13 @@ class RayLauncher:
             return None
         log.parent.mkdir(parents=True, exist_ok=True)
         return await self._attach(role, round.round_id, await self._ours(), log, [])
+
+    async def idle(self) -> None:
+        """TRAIN's job is done: stop the head this campaign started, unless ``train.ray_keep_head``
+        (the next TRAIN starts it again). A cluster shoprld did not start is never touched."""
+        await self.inner.idle()
+        if self.cfg.train.ray_start_head and not self.cfg.train.ray_keep_head:
+            await self.stop_head(self.cfg.train.grace)
 
     def head_running(self) -> bool:
         """Whether the head this campaign started (its record) still runs: this boot, its pid

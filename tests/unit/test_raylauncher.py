@@ -587,3 +587,29 @@ async def test_a_head_record_from_another_boot_signals_nothing(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("keep", [False, True])
+async def test_the_head_goes_with_trains_job_unless_kept(tmp_path: Path, keep: bool) -> None:
+    """Issue 27: idle() after TRAIN stops the head shoprld started (its session, its record), so
+    its memory, logs and orphans do not live the whole campaign; ray_keep_head keeps it."""
+    port = free_port()
+    head_cmd = [PY, str(STANDIN), "--port", str(port), "--logs-dir", str(tmp_path / "head-logs")]
+    cfg, layout, launcher = setup(tmp_path, f"http://127.0.0.1:{port}", ray_start_head=True,
+                                  ray_head_command=head_cmd, ray_keep_head=keep)
+    sid = 0
+    try:
+        with anyio.fail_after(60):
+            child = await start_trainer(launcher, layout, cfg, PRINT_ROLLOUTS)
+            assert await child.wait() == 0
+            assert launcher.head is not None
+            sid = launcher.head.pid
+            await launcher.idle()
+        assert bool(session_pids(sid)) is keep
+        assert (layout.ray_tmp / "shoprld-head.json").exists() is keep
+    finally:
+        if sid and session_pids(sid):
+            for pid in session_pids(sid):
+                os.kill(pid, signal.SIGKILL)
+        await launcher.client.aclose()
