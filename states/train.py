@@ -37,6 +37,7 @@ from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.services.processes import Child
 from shoprld.daemon.services.rayjobs import RayJobsError
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
@@ -48,11 +49,26 @@ STATE = State.TRAIN
 ADOPTS: tuple[ChildRole, ...] = (ChildRole.TRAINER, ChildRole.SIDECAR)
 
 def completed(ctx: RoundContext) -> bool:
-    """The tracker reached this round's end iteration and that checkpoint is complete."""
+    """The tracker reached this round's end iteration, that checkpoint is complete, and the
+    round's sidecar has drained (issue 27: a daemon that died during the drain drains again on
+    its restart, instead of stopping the analysing sidecar as a stray of a later state)."""
+    return _trained(ctx) and _drained(ctx)
+
+
+def _trained(ctx: RoundContext) -> bool:
     scan = ckpt.scan(ctx.layout.save_dir)
     latest = scan.latest_complete
     end = scan.get(ctx.end_iteration)
     return latest is not None and latest.iteration >= ctx.end_iteration and end is not None and end.complete
+
+
+def _drained(ctx: RoundContext) -> bool:
+    """The round's sidecar drained (its record, written by :func:`_stop_sidecar`), or none runs."""
+    spec = ctx.cfg.sidecar
+    if not spec.enabled or not spec.command:
+        return True
+    # A round exported already was drained by a shoprld from before the record existed.
+    return ctx.record_path("sidecar").exists() or ctx.record_path("export").exists()
 
 
 async def run(ctx: RoundContext) -> Outcome:
@@ -60,6 +76,10 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:
         return Outcome.retry(problem)
+    if _trained(ctx):  # the job is done; a daemon died during the sidecar's drain: drain again
+        await _stop_sidecar(ctx, await _start_sidecar(ctx))
+        await ctx.launcher.idle()
+        return Outcome.done(f"{ctx.plan.checkpoint_name} complete; the sidecar drained", progressed=True)
     # A trainer a crashed daemon left running is adopted first: it already read this round's
     # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
     # time those take is time in which the adopted job may finish).
@@ -219,6 +239,9 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     ctx.unregister_child(child)
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
+    record = ctx.record_path("sidecar")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(record, {"round": ctx.round, "drained_at": ctx.clock.time(), "forced": forced})
     if forced:  # each analysis it was running held a ShopSim lease that nobody will release
         problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="after the sidecar was stopped")
         if problem:
