@@ -131,6 +131,12 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         out("\nstage commands (round 0 and round 1; secrets masked)\n")
         for line in describe_commands(cfg, layout, secrets):
             out(f"{line}\n")
+    if cfg.train.launcher == "ray" and not cfg.train.ray_start_head:
+        # A cluster shoprld did not start (issue 27): it submits there and never starts, stops
+        # or signals it; what it cannot see from here is whether every node sees the save dir.
+        out(f"  Ray: an existing cluster at {cfg.train.ray_address} (shoprld never starts, stops or signals it); "
+            f"WARNING: the save dir {layout.save_dir}, the experiment dir and .env's secrets file under "
+            f"{layout.tmp} must be on storage every Ray node sees: not provable from here\n")
     warning = shopsim_exposure_warning(cfg.shopsim.url)
     if warning:
         out(f"\nwarning: {warning}\n")

@@ -511,7 +511,8 @@ class RayLauncher:
         deadline = time.monotonic() + self.head_timeout
         while True:
             try:
-                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata)
+                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata,
+                                               entrypoint_resources=self.cfg.train.ray_entrypoint_resources)
                 break
             except JobExists:
                 break  # submitted by us an instant ago (a retried request): attach to it

@@ -66,9 +66,14 @@ class RayJobsClient:
         return r.status_code == 200
 
     async def submit(self, entrypoint: str, *, submission_id: str, env_vars: Mapping[str, str],
-                     metadata: Mapping[str, str] | None = None) -> str:
-        body = {"entrypoint": entrypoint, "submission_id": submission_id,
-                "runtime_env": {"env_vars": dict(env_vars)}, "metadata": dict(metadata or {})}
+                     metadata: Mapping[str, str] | None = None,
+                     entrypoint_resources: Mapping[str, float] | None = None) -> str:
+        body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id,
+                                "runtime_env": {"env_vars": dict(env_vars)}, "metadata": dict(metadata or {})}
+        if entrypoint_resources:
+            # Ray schedules the job's driver on a node with these custom resources (a cluster
+            # of several nodes: the trainer's node, not the head's).
+            body["entrypoint_resources"] = dict(entrypoint_resources)
         r = await self._request("POST", "/api/jobs/", json=body)
         if r.status_code == 200:
             return str(r.json().get("submission_id") or submission_id)
