@@ -170,7 +170,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
-    if completed(ctx):
+    if _trained(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)
         await ctx.launcher.idle()  # a Ray head of ours goes with its job (issue 27)
