@@ -33,7 +33,7 @@ def _short(path: Path, kind: str) -> Path:
 
 
 EXP_SUBDIRS = ("logs", "checkpoints", "artifacts", "ray", "tmp", "wandb", "runs")
-CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb", "torchinductor", "flashinfer", "nv")
+CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb", "torch/inductor", "flashinfer", "cuda")
 
 # Every cache a child may fill, and where shoprld sends it (under the cache root, on the data
 # disk): the tools' defaults are under $HOME or /tmp, which on an AutoDL box is the ~30 GB
@@ -46,9 +46,9 @@ CACHE_KEYS: dict[str, str] = {
     "TRANSFORMERS_CACHE": "huggingface/transformers",
     "TORCH_HOME": "torch",
     "TRITON_CACHE_DIR": "triton",
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TORCHINDUCTOR_CACHE_DIR": "torch/inductor",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
-    "CUDA_CACHE_PATH": "nv/ComputeCache",
+    "CUDA_CACHE_PATH": "cuda",
     "UV_CACHE_DIR": "uv",
     "PIP_CACHE_DIR": "pip",
     "XDG_CACHE_HOME": "xdg",
