@@ -16,6 +16,7 @@ import pytest
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.ops.cli import main
+from shoprld.daemon.services.processes import proc_start_ticks
 from shoprld.daemon.services.boxcheck import box_refusals, cache_lines, port_lines, shm_line
 from tests.fsfixtures import loop_ext4_fixture, tmpfs_fixture  # noqa: F401  (fixtures)
 
@@ -35,10 +36,11 @@ def free_port() -> int:
 class Holder:
     """A real process (not a thread of the test) listening on a port."""
 
-    def __init__(self, env: dict[str, str] | None = None, port: int = 0) -> None:
+    def __init__(self, env: dict[str, str] | None = None, port: int = 0, session: bool = False) -> None:
         base = {k: v for k, v in os.environ.items() if k != "SHOPRLD_CHILD"}
         self.proc = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**base, **(env or {})})
+                                     stdout=subprocess.PIPE, text=True, env={**base, **(env or {})},
+                                     start_new_session=session)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
 
@@ -176,6 +178,25 @@ def test_a_listener_of_ours_is_ok(tmp_path: Path, holders: list[Holder]) -> None
     lines = [ln for ln in port_lines(cfg, layout) if f"port {h.port} " in ln.text]
     assert [ln.level for ln in lines] == ["ok"] and "in use by ours" in lines[0].text
     assert box_refusals(cfg, layout) == []
+
+
+@pytest.mark.parametrize("recorded", ["right", "reused pid"])
+def test_a_head_in_our_recorded_session_is_ours(tmp_path: Path, holders: list[Holder], recorded: str) -> None:
+    """A listener in the session shoprld-head.json records (leader alive, same start time) is our
+    Ray head: ok. The same record with another start time (a reused pid) is not ours: refused."""
+    h = Holder(session=True)
+    holders.append(h)
+    cfg, layout = load(write_config(tmp_path, ray=h.port))
+    ticks = proc_start_ticks(h.proc.pid)
+    assert ticks is not None
+    layout.ray_tmp.mkdir(parents=True)
+    (layout.ray_tmp / "shoprld-head.json").write_text(json.dumps(
+        {"pid": h.proc.pid, "sid": h.proc.pid, "start_ticks": ticks + (0 if recorded == "right" else 1)}))
+    (line,) = [ln for ln in port_lines(cfg, layout) if f"port {h.port} " in ln.text]
+    if recorded == "right":
+        assert line.level == "ok" and f"pid {h.proc.pid} ray" in line.text
+    else:
+        assert line.level == "refused"
 
 
 def test_a_head_the_user_runs_is_expected(tmp_path: Path, holders: list[Holder]) -> None:
