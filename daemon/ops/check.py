@@ -59,7 +59,8 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     gpu_problem, _ = _gpu_count(cfg)
     if gpu_problem:
         problems.append(gpu_problem)
-    problems.extend(box_refusals(cfg, layout))  # a Ray head on our ports that is not ours
+    # A Ray head on our ports that is not ours (its command line is masked like ours).
+    problems.extend(secrets.redact(line) for line in box_refusals(cfg, layout))
     return problems
 
 
@@ -141,7 +142,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
     out("\nthe box (/dev/shm, ports, caches)\n")
     for box in box_lines(cfg, layout):
-        out(f"  {box.shown()}\n")
+        out(f"  {secrets.redact(box.shown())}\n")  # a foreign command line may quote a key
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")

@@ -41,7 +41,7 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     validate(cfg, layout)
     # A Ray head on our ports with no record of ours: `check`'s refusal, before anything starts.
     for refusal in box_refusals(cfg, layout):
-        raise ConfigError(refusal)
+        raise ConfigError(secrets.redact(refusal))  # a foreign command line may quote a key
     mode = terminal_mode(sys.stdout, verbose=verbose or debug)
     # The process's redactor is built here, from the loaded .env, and handed on: to the logs
     # now, and (the engine's, from the same secrets) to the store, the notifier and the alerts.

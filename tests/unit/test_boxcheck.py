@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,9 +39,10 @@ def free_port() -> int:
 class Holder:
     """A real process (not a thread of the test) listening on a port."""
 
-    def __init__(self, env: dict[str, str] | None = None, port: int = 0, session: bool = False) -> None:
+    def __init__(self, env: dict[str, str] | None = None, port: int = 0, session: bool = False,
+                 extra: tuple[str, ...] = (), script: Path | None = None) -> None:
         base = {k: v for k, v in os.environ.items() if k != "SHOPRLD_CHILD"}
-        self.proc = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, *(["-c", LISTENER] if script is None else [str(script)]), str(port), *extra], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**base, **(env or {})},
                                      start_new_session=session)
         assert self.proc.stdout is not None
@@ -156,6 +160,27 @@ def test_a_foreign_ray_head_on_our_port_is_refused_by_check_and_run(tmp_path: Pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no record of a Ray head of ours" in err and "Traceback" not in err
     assert not (tmp_path / "st").exists()
+
+
+def test_a_key_in_a_foreign_command_line_is_masked(tmp_path: Path, holders: list[Holder],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A foreign listener whose argv quotes a .env key: check and run name it with the key masked."""
+    canary = "canary-bx-SECRET"
+    short = Path(tempfile.mkdtemp(prefix="bx", dir="/tmp"))  # the whole argv within the 120 characters shown
+    try:
+        (short / "l.py").write_text(LISTENER)
+        h = Holder(extra=(f"--token={canary}",), script=short / "l.py")
+        holders.append(h)
+        path = write_config(tmp_path, ray=h.port)
+        (tmp_path / "repo" / ".env").write_text(f"WANDB_API_KEY={canary}\n")
+        assert main(["check", "-c", str(path)]) == 3
+        assert main(["run", "-c", str(path)]) == 3
+    finally:
+        shutil.rmtree(short)
+    out = capsys.readouterr()
+    shown = re.findall(r"--token=(\S+)\)", out.out + out.err)
+    assert len(shown) == 4  # check: the box line, NOT READY, its stderr line; run: its stderr line
+    assert canary not in out.out + out.err
 
 
 def test_the_gcs_port_from_the_head_command_is_checked_too(tmp_path: Path, holders: list[Holder]) -> None:
