@@ -259,8 +259,8 @@ def cache_lines(cfg: Config, layout: Layout, base: Mapping[str, str] | None = No
         out.append(BoxLine("ok", f"{head}; every cache is on the data disk ({layout.ephemeral_root})"))
     else:
         out.append(BoxLine("warning", (
-            f"{head}; {len(off)} cache(s) off the data disk: {', '.join(off)}; Triton, inductor and FlashInfer "
-            f"JIT caches grow by GBs (fix: unset them, and shoprld puts them under {layout.cache_root}; or "
+            f"{head}; {len(off)} cache(s) off the data disk: {', '.join(off)}; models and JIT kernels "
+            f"(Triton, inductor, FlashInfer) grow by GBs there (fix: unset them, and shoprld puts them under {layout.cache_root}; or "
             f"point them at {layout.ephemeral_root})")))
     return out
 
