@@ -18,6 +18,7 @@ from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
 from shoprld.daemon.services.hygiene import lines, scan_repo
+from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
@@ -58,6 +59,8 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     gpu_problem, _ = _gpu_count(cfg)
     if gpu_problem:
         problems.append(gpu_problem)
+    # A Ray head on our ports that is not ours (its command line is masked like ours).
+    problems.extend(secrets.redact(line) for line in box_refusals(cfg, layout))
     return problems
 
 
@@ -143,6 +146,9 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out("\n" + df_text(cfg, layout) + "\n")
     out(f"{_budget_line(cfg, layout)}\n")
     out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
+    out("\nthe box (/dev/shm, ports, caches)\n")
+    for box in box_lines(cfg, layout):
+        out(f"  {secrets.redact(box.shown())}\n")  # a foreign command line may quote a key
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")

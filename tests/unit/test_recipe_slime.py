@@ -126,6 +126,7 @@ SEED_RUNTIME_ENV = {
     "UV_CACHE_DIR": f"{CACHE}/uv",
     "PIP_CACHE_DIR": f"{CACHE}/pip",
     "WANDB_CACHE_DIR": f"{CACHE}/wandb",
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE}/flashinfer",
     "WANDB_RUN_GROUP": "qwen35-4b-train-100",
     "PYTHONUNBUFFERED": "1",
     "ROLLOUT_MAX_RESPONSE_LEN": "4096",
