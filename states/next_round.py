@@ -9,13 +9,16 @@ this campaign's save dir are deleted, each logged with its size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.bundles import causes_of_round
-from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row
+from shoprld.daemon.foundation import roundlog
+from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row, rebuild_from_record
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
 
@@ -26,7 +29,19 @@ ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def ledger(ctx: RoundContext) -> Ledger:
-    return Ledger(ctx.layout.ledger, overflow_dir=ctx.layout.campaign_root / "ledger", redact=ctx.secrets.redact)
+    return open_ledger(ctx.layout, ctx.secrets.redact)
+
+
+def open_ledger(layout: Layout, redact: Callable[[str], str]) -> Ledger:
+    """The campaign's ledger (in the repo; its overflow under the campaign root)."""
+    return Ledger(layout.ledger, overflow_dir=layout.campaign_root / "ledger", redact=redact)
+
+
+def repair(layout: Layout, redact: Callable[[str], str]) -> str | None:
+    """Make the ledger agree with the state dir's record (rounds.jsonl), rebuilding it when it is
+    missing, cut, garbled or rolled back; the one line to journal, or None when it agreed."""
+    return rebuild_from_record(open_ledger(layout, redact), roundlog.read(layout.state_dir, with_rows=True) or [],
+                               state_dir=layout.state_dir)
 
 
 def completed(ctx: RoundContext) -> bool:
@@ -79,6 +94,11 @@ async def run(ctx: RoundContext) -> Outcome:
         exp_dir=str(lay.exp_dir), checkpoint_path=str(checkpoint), artifacts_path=str(lay.artifacts),
         cache_root=str(lay.cache_root), causes=causes_of_round(lay.logs, ctx.round_id),
     )
+    # A ledger that `git stash` or a checkout took away since the last round is rebuilt from the
+    # record first: appending to it as it is would drop every earlier row.
+    note = repair(lay, ctx.secrets.redact)
+    if note:
+        ctx.emit("ledger.rebuilt", warning=note)
     ledger(ctx).append(row)
     _retention(ctx)
     return Outcome.done("round recorded", records=read)

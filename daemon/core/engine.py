@@ -242,6 +242,12 @@ class Engine:
 
     def _load(self) -> None:
         data = self.view.load(self.layout.save_dir)
+        # The ledger is derived from the record (rounds.jsonl, completed from the journal just
+        # now): the round to resume is the record's, whatever git did to the checkout meanwhile.
+        note = next_round.repair(self.layout, self.redactor.text)
+        if note:
+            log.warning("ledger.rebuilt", warning=note)
+            self.store.append({"event": "ledger.rebuilt", "warning": note})
         prev_state = data.get("state")
         if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.attempts.recovering = f"the daemon restarted after dying in {prev_state}"

@@ -22,6 +22,7 @@ from shoprld.daemon.foundation import causes
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.ledger import ROW_KEY
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
 from shoprld.daemon.round.machine import ROUND_STATES, State
@@ -37,7 +38,7 @@ JOURNALED = ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archi
              "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
              "shopsim.restart_failed", "sidecar.drain_timeout", "shopsim.client_stopped_for_recovery",
              "train.resume_check", "train.stacks_dumped", "export.save_hf_invalid", "disk.budget",
-             "saves.no_room", "sidecar.stopped")
+             "saves.no_room", "sidecar.stopped", "ledger.rebuilt")
 
 
 class Progress:
@@ -138,8 +139,12 @@ class Progress:
         if duration is not None:
             self.view.state_data["round_durations"][str(r)] = duration
         # The round's facts, written once (store.py: journal, then rounds.jsonl, then the cursor).
-        self.view.journal(ROUND_DONE_EVENT, sync=False, **done[-1])
-        self.view.store.append_round(done[-1])
+        # The record holds the round's ledger row too: the ledger in the repo is rebuilt from it
+        # when git takes it away (foundation/ledger.py). Not in the snapshot: it stays small.
+        row = next_round.ledger(ctx).row(r)
+        record = {**done[-1], ROW_KEY: row} if row is not None else done[-1]
+        self.view.journal(ROUND_DONE_EVENT, sync=False, **record)
+        self.view.store.append_round(record)
         self.view.persist()
         val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
         self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",

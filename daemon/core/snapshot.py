@@ -25,7 +25,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configvalues import resolve_deadline
 from shoprld.daemon.foundation.preflight import forecast_for
-from shoprld.daemon.foundation.roundlog import STATUS_RECENT_ROUNDS
+from shoprld.daemon.foundation.roundlog import ROW_KEY, STATUS_RECENT_ROUNDS
 from shoprld.daemon.foundation.secrets import Redactor
 from shoprld.daemon.foundation.store import Store
 from shoprld.daemon.core.alerts import Alerts
@@ -67,7 +67,8 @@ class Snapshot:
             self.store.append({"event": "state.rebuilt", "warning": loaded.warning})
         for rec in loaded.unrecorded if loaded else []:  # an older state dir's rounds: recorded once
             self.store.append_round(rec)
-        rounds = loaded.rounds if loaded else []
+        # Without their ledger rows (the ledger's rebuild reads them from rounds.jsonl itself).
+        rounds = [{k: v for k, v in r.items() if k != ROW_KEY} for r in loaded.rounds] if loaded else []
         self.state_data.update({
             "campaign": cfg.campaign.name, "first_start": data.get("first_start") or self.clock.time(),
             "round_durations": {str(r["round"]): d for r in rounds if (d := num(r.get("duration_seconds"))) is not None},

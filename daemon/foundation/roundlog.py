@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 ROUNDS_FILE = "rounds.jsonl"
+# A round record's copy of its ledger row: the ledger in the repo is rebuilt from it (ledger.py).
+ROW_KEY = "ledger_row"
 MAX_ROUND = 1_000_000  # statedoc.MAX_ROUND: the same bound on a round index
 # status.json (rewritten at every transition) keeps the newest rounds only, so its size does
 # not grow with the campaign; `shoprld status` and the report read every round from this file.
@@ -71,11 +73,14 @@ def json_lines(path: Path) -> Iterator[dict[str, Any]]:
                 yield rec
 
 
-def read(state_dir: Path) -> list[dict[str, Any]] | None:
+def read(state_dir: Path, *, with_rows: bool = False) -> list[dict[str, Any]] | None:
     """Every round's last record, sorted by round; None when the file does not exist (an
-    engine older than this file, or a campaign that never finished a round)."""
+    engine older than this file, or a campaign that never finished a round). Each record's
+    ledger row (``ROW_KEY``) only ``with_rows``: only the ledger's rebuild reads it, and status
+    and the report stay the size they were."""
     path = state_dir / ROUNDS_FILE
     if not path.exists():
         return None
-    return merge([{k: v for k, v in rec.items() if k != "t"} for rec in json_lines(path)
+    drop = ("t",) if with_rows else ("t", ROW_KEY)
+    return merge([{k: v for k, v in rec.items() if k not in drop} for rec in json_lines(path)
                   if round_of(rec) is not None])
