@@ -35,6 +35,7 @@ from shoprld.daemon.services import gpus
 from shoprld.daemon.round import saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
+from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import atomic_write_json
@@ -73,6 +74,11 @@ def _drained(ctx: RoundContext) -> bool:
 
 async def run(ctx: RoundContext) -> Outcome:
     cfg = ctx.cfg
+    # A tracker that is a directory or a FIFO fails every attempt the same way: one line, exit 3.
+    for where in (ctx.layout.save_dir, cfg.train.base_load if ctx.round == 0 else None):
+        bad = ckpt.tracker_not_a_file(where) if where is not None else None
+        if bad:
+            raise PreflightError(bad)
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:
         return Outcome.retry(problem)

@@ -172,6 +172,23 @@ def read_tracker(save_dir: Path) -> Tracker:
     return Tracker(kind, iteration, raw, st.st_mtime)
 
 
+def tracker_not_a_file(save_dir: Path) -> str | None:
+    """One line when the tracker in ``save_dir`` exists but is not a regular file (a directory, a
+    FIFO...): slime cannot read it and Megatron cannot write it, so every attempt of TRAIN would
+    fail the same way. Nothing is moved: it is not ours. None otherwise."""
+    path = Path(save_dir) / TRACKER_NAME
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # absent (or unreadable: read_tracker says "garbage" and the resume repairs it)
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+        "not a regular file"
+    return (f"{path}: the checkpoint tracker is {kind}, not a file; fix: move it away (a tracker file "
+            "names the newest complete iter_N by its number N), then run again")
+
+
 # --------------------------------------------------------------------------------------------
 # Checkpoints and scans
 
