@@ -107,41 +107,7 @@ def test_a_ledger_path_that_is_not_a_file_stops_the_run_in_one_line(tmp_path: Pa
         kill_tree_leftovers(tmp_path)
 
 
-# -- record paths that are not files (issue 26, item 9) -----------------------------------------
-STATE_FILES = ["state.json", "journal.jsonl", "rounds.jsonl", "status.json", "alerts.json", "lock",
-               "identity.json", "daemon.pid"]
-
-
-@pytest.mark.parametrize("name", STATE_FILES)
-def test_a_state_file_that_is_a_directory_or_a_fifo_is_one_line_exit_3(tmp_path: Path, name: str) -> None:
-    """Each of the state dir's files replaced by a directory, then by a FIFO: `shoprld run` says so
-    in one line naming it (exit 3, no traceback, no retry, no hang on the FIFO) and leaves it be;
-    with the file back, the campaign runs on."""
-    campaign = make_tree(tmp_path, rounds=1)
-    path = tmp_path / "state" / name
-    try:
-        assert run_daemon(campaign).returncode == 0
-        saved = path.read_bytes() if path.exists() else None
-        path.unlink(missing_ok=True)
-        for kind in ("directory", "fifo"):
-            path.mkdir() if kind == "directory" else os.mkfifo(path)
-            before = {p.name for p in path.parent.iterdir()}
-            proc = run_daemon(campaign, timeout=60)
-            assert proc.returncode == 3, (kind, proc.stderr[-2000:])
-            lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and str(path) in lines[0] and "not a file" in lines[0], proc.stderr
-            assert (path.is_dir() if kind == "directory" else path.is_fifo())
-            assert {p.name for p in path.parent.iterdir()} == before, "nothing written on refusal"
-            path.rmdir() if kind == "directory" else path.unlink()
-        if saved is not None:
-            path.write_bytes(saved)
-        set_rounds(campaign, 2)
-        proc = run_daemon(campaign)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    finally:
-        kill_tree_leftovers(tmp_path)
-
-
+# -- a checkpoint tracker that is not a file (issue 26, item 9; the state dir's names: statefiles.py) --
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_a_checkpoint_tracker_that_is_not_a_file_is_one_line_exit_3(tmp_path: Path, kind: str) -> None:
     """It used to fail TRAIN four times (exit 6) with the trainer's own error."""
