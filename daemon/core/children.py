@@ -109,20 +109,29 @@ class Children:
         the trainer saved ran against it) and is left running when it was not ours."""
         shopsim.closing = True
         order = sorted(self.running.values(), key=lambda c: (c.record.role != ChildRole.TRAINER, c.record.role))
+        failed: Exception | None = None
         for child in order:
             if child.record.role == ChildRole.SHOPSIM:
-                vouch()
+                try:
+                    vouch()
+                except OSError as exc:  # a full state dir: unvouched saves are retrained, which is safe
+                    log.warning("shopsim.vouch_failed", error=str(exc))
                 if shopsim.external:
                     continue
-            if force:
-                child.signal_group(signal.SIGKILL)
-            await child.stop(0.0 if force else grace_of(cfg, child.record.role))
+            try:  # one child's failure to stop must not leave the next one running
+                if force:
+                    child.signal_group(signal.SIGKILL)
+                await child.stop(0.0 if force else grace_of(cfg, child.record.role))
+            except Exception as exc:
+                failed = failed or exc
         self.running.clear()
         for rec in list(self.adoptable.values()):
             adopted = self.launcher.adopt(rec)
             if adopted is not None:
                 await adopted.stop(0.0 if force else ADOPTED_GRACE_S)
         self.adoptable.clear()
+        if failed is not None:
+            raise failed
 
     def kill_all(self) -> None:
         """A second SIGINT while stopping: SIGKILL every running child's group at once."""

@@ -28,6 +28,7 @@ import signal
 import sys
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -43,7 +44,8 @@ from shoprld.daemon.core.children import Children, TaggingLauncher
 from shoprld.daemon.core.crashpoints import maybe_die, maybe_raise
 from shoprld.daemon.core.diskwatch import DiskWatch
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, PreflightError, ShoprldError
+from shoprld.daemon.foundation import disk as diskmod
+from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_DISK, EXIT_OK, NoSpace, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
@@ -158,6 +160,17 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def main(self) -> int:
+        try:
+            return await self._main()
+        except OSError as exc:
+            if not diskmod.is_enospc(exc):
+                raise
+            # Before the loop runs (the lock's pid file, a rebuilt state, the ledger's rebuild): no
+            # child of ours yet, nothing half-written (every write is temp + rename, or a torn line
+            # the next start skips).
+            raise NoSpace(self._no_space(exc)) from None
+
+    async def _main(self) -> int:
         self.store.acquire_lock(role="daemon")
         try:
             self._check_identity()
@@ -172,9 +185,33 @@ class Engine:
                     await aclose()
             return code
         finally:
-            if self.view.snap:  # never over another campaign's status (a refused identity, issue 15)
-                self.view.write_status(force=True)
+            try:
+                if self.view.snap:  # never over another campaign's status (a refused identity, issue 15)
+                    self.view.write_status(force=True)
+            except OSError as exc:  # a full state dir: the one line already says what the exit says
+                if not diskmod.is_enospc(exc):
+                    raise
             self.store.release_lock()
+
+    def _no_space(self, exc: BaseException) -> str:
+        """The one line for a write of the daemon's own that did not fit (state dir, log, record)."""
+        leaf: BaseException | None = exc
+        todo: list[BaseException] = [exc]
+        while todo:  # the OSError inside the groups and causes, for its file name
+            leaf = todo.pop()
+            if isinstance(leaf, OSError) and leaf.filename:
+                break
+            if isinstance(leaf, BaseExceptionGroup):
+                todo.extend(leaf.exceptions)
+            if leaf.__cause__ is not None:
+                todo.append(leaf.__cause__)
+        name = getattr(leaf, "filename", None)
+        path = Path(str(name)) if name else self.layout.state_dir
+        state = self.layout.state_dir
+        where = "the state dir's filesystem" if path == state or state in path.parents else "its filesystem"
+        return (f"{path}: no space left on {where}; the campaign stopped (its children too, no temp "
+                f"file left); fix: free space there (df -h {path if path.is_dir() else path.parent}), then run again: it resumes "
+                "where the journal ends")
 
     async def _run_tasks(self) -> int:
         async with httpx.AsyncClient(transport=self._transport, trust_env=False) as http:
@@ -202,6 +239,8 @@ class Engine:
             maybe_raise(name)
             await fn(*args)
         except Exception as exc:
+            if diskmod.is_enospc(exc):
+                raise  # a full state dir (alerts.json...): _crashed stops the campaign, exit 4
             log.debug("daemon.task_failed", task=name, exc_info=True)  # the traceback, with --debug
             line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
             await self.send.send(TaskFailed(name, f"internal error: the daemon's {name} task failed ({line}); "
@@ -222,6 +261,9 @@ class Engine:
                 log.error("children.stop_failed", error=f"{type(stop_exc).__name__}: {stop_exc}")
         if isinstance(leaf, ShoprldError):
             raise leaf from None
+        if diskmod.is_enospc(exc):  # a write of our own did not fit: not a bug, exit 4
+            self.ending.final_message = self._no_space(exc)
+            return EXIT_DISK
         line = " ".join(f"{type(leaf).__name__}: {leaf}".split())[:500]
         self.ending.final_message = f"internal error: {line}; the children were stopped; fix: rerun with --debug " \
                                     f"and report it with the journal"
@@ -359,9 +401,13 @@ class Engine:
         return None  # Stay
 
     def _reconcile(self) -> None:
-        """The current round: the first one without a ledger row (the disk is the truth)."""
+        """The current round: the first one without a ledger row or, when the state dir holds a
+        record, without its record (rounds.jsonl). A round with a row but no record (the daemon
+        died between NEXT_ROUND's append and the record) is entered again: each of its stages
+        is skipped as on disk, and its skipped NEXT_ROUND records it."""
+        recorded = {r.get("round") for r in self.store.rounds()}
         r = 0
-        while r < self.cfg.campaign.rounds and next_round.completed(self._ctx(r)):
+        while r < self.cfg.campaign.rounds and next_round.completed(self._ctx(r)) and (not recorded or r in recorded):
             r += 1
         if r != self.round:
             log.warning("reconcile.round", persisted=self.round, disk=r)

@@ -5,6 +5,7 @@
     ├── LockError                3  another daemon holds the campaign's state dir
     ├── PreflightError           3  the volume or the repo is not fit to start on
     ├── DiskParked               4  parked in PAUSED_DISK for disk pressure
+    ├── NoSpace                  4  a write of the daemon's own (state dir, log) did not fit
     ├── GateStopped              5  the gate policy stopped the campaign
     └── StageFailed              6  a stage failed after its retries
 
@@ -57,6 +58,13 @@ class PreflightError(ShoprldError):
 
 class DiskParked(ShoprldError):
     """The campaign parked in PAUSED_DISK; free space, then run again."""
+
+    exit_code = EXIT_DISK
+
+
+class NoSpace(ShoprldError):
+    """A file of the daemon's own (the state dir's record, its log) could not be written: its
+    filesystem is full. The campaign stopped; free space, then run again (it resumes)."""
 
     exit_code = EXIT_DISK
 

@@ -380,6 +380,10 @@ def rebuild_from_record(ledger: Ledger, records: Iterable[Mapping[str, Any]], *,
     :class:`LedgerError` (nothing is moved)."""
     recs = {int(r["round"]): r for r in records
             if isinstance(r.get("round"), int) and not isinstance(r.get("round"), bool) and r["round"] >= 0}
+    if not recs:
+        # Nothing recorded: a new campaign, or a state dir that was lost. The ledger is then the
+        # only trace of the rounds done (the engine reconciles on it), so it stays as it is.
+        return None
     files = [p for p in (ledger.path, ledger.overflow_path) if p.exists() or p.is_symlink()]
     texts: list[str] = []
     problem: str | None = None

@@ -100,7 +100,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     try:
         try:
             _no_looser(fd, mode)
-            os.write(fd, data)
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -142,11 +142,23 @@ def _replace_bytes(path: Path, data: bytes, *, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        _no_looser(fd, mode)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            _no_looser(fd, mode)
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:  # a full state dir mid-write: no temp file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written: a short write near a full disk is not success (the
+    next write then raises ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class LatestWriter:
@@ -230,6 +242,7 @@ class _AppendOnlyFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self._torn = False
 
     def append(self, line: str, *, sync: bool) -> None:
         if self._fd is None:
@@ -237,7 +250,14 @@ class _AppendOnlyFile:
             size = os.fstat(self._fd).st_size
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 line = "\n" + line
-        os.write(self._fd, line.encode())
+        elif self._torn:
+            line = "\n" + line
+        try:
+            _write_all(self._fd, line.encode())
+        except OSError:  # part of the line may be on disk (a full state dir): the next starts afresh
+            self._torn = True
+            raise
+        self._torn = False
         if sync:
             os.fsync(self._fd)
 
