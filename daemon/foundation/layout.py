@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,9 +213,19 @@ class Layout:
                 return
             link.unlink()
         elif link.exists():
-            raise ConfigError(
-                f"{link}: is a real directory in the checkout, so the tools' output would land in the repo; "
-                f"fix: move it to {target} (mv {link} {target}) and rerun, or set storage.manage_runs_link = false"
-            )
+            raise ConfigError(runs_dir_message(link))
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)
+
+
+def runs_aside(link: Path, when: float | None = None) -> Path:
+    """Where a real ``<project_root>/runs`` goes out of the way: ``runs.pre-shoprld-<date>`` beside
+    it. Never into the experiment: a previous campaign's checkpoints nested in ``$EXP_DIR`` are
+    out of retention's sight, and its round dirs would be read as this campaign's."""
+    return link.with_name(f"{link.name}.pre-shoprld-{time.strftime('%Y%m%d', time.localtime(when))}")
+
+
+def runs_dir_message(link: Path) -> str:
+    """The one line for a real ``runs/`` directory where shoprld's link must go."""
+    return (f"{link}: is a real directory in the checkout, so the tools' output would land in the repo; "
+            f"fix: move it aside (mv {link} {runs_aside(link)}) and rerun, or set storage.manage_runs_link = false")
