@@ -107,7 +107,8 @@ def _git_entries(repo: Path, timeout: float) -> list[str] | None:
     """Untracked and ignored paths as git lists them (dirs collapsed), or None if not git."""
     try:
         res = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal"],
+            # --no-optional-locks: a plain status refreshes and rewrites .git/index in the user's checkout.
+            ["git", "--no-optional-locks", "-C", str(repo), "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal"],
             capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):
