@@ -225,7 +225,14 @@ def runs_aside(link: Path, when: float | None = None) -> Path:
     return link.with_name(f"{link.name}.pre-shoprld-{time.strftime('%Y%m%d', time.localtime(when))}")
 
 
+RUNS_DIR_PROBLEM = "is a real directory in the checkout, so the tools' output would land in the repo"
+
+
+def runs_dir_fix(link: Path) -> str:
+    """The fix for a real ``runs/`` directory where shoprld's link must go."""
+    return f"move it aside (mv {link} {runs_aside(link)}) and rerun, or set storage.manage_runs_link = false"
+
+
 def runs_dir_message(link: Path) -> str:
     """The one line for a real ``runs/`` directory where shoprld's link must go."""
-    return (f"{link}: is a real directory in the checkout, so the tools' output would land in the repo; "
-            f"fix: move it aside (mv {link} {runs_aside(link)}) and rerun, or set storage.manage_runs_link = false")
+    return f"{link}: {RUNS_DIR_PROBLEM}; fix: {runs_dir_fix(link)}"

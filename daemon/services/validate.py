@@ -35,7 +35,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import has_state
-from shoprld.daemon.foundation.layout import Layout, runs_aside
+from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, Layout, runs_aside, runs_dir_fix
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.services.shopsim import start_script
 
@@ -363,10 +363,16 @@ def _state_dir(cfg: Config, layout: Layout) -> Iterator[Problem]:
 
 
 def _foreign_runs(cfg: Config, layout: Layout) -> Iterator[Problem]:
-    """A fresh campaign (no state of its own yet) whose ``$EXP_DIR/runs`` already holds files:
+    """A real ``<project_root>/runs`` where the managed link must go (move it aside, never into
+    the experiment: see :func:`runs_aside`). And a fresh campaign (no state of its own yet) whose ``$EXP_DIR/runs`` already holds files:
     a previous campaign's, or a checkout's ``runs/`` moved in. Its round dirs would be taken for
     this campaign's (an old ``analysis_summary.json``, a gate result), so refuse before anything
     is written."""
+    link = layout.project_root / "runs"
+    if cfg.storage.manage_runs_link and not link.is_symlink() and link.is_dir():
+        # Layout.ensure_runs_link refuses it too, but only after the layout exists: say it first.
+        yield Problem(cfg.source, "storage.project_root", f"{link} {RUNS_DIR_PROBLEM}", str(link),
+                      runs_dir_fix(link), "environment")
     if has_state(layout.state_dir):
         return
     runs = layout.runs
