@@ -11,11 +11,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, make_tree, run_daemon
+from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, make_tree, run_daemon, start_daemon, status, wait_for
 from tests.shopsimcheckout import differences, make_checkout, snapshot
 
 # The campaign file lives in the tree's root: relative paths in it are taken against that dir.
@@ -93,3 +94,36 @@ def test_a_start_sh_missing_under_shopsim_cwd_is_one_line_exit_3_nothing_written
     if command == "check":  # check's writability probe on the volume is created and removed again
         before.pop("ephemeral"), after.pop("ephemeral")
     assert differences(before, after) == []
+
+
+def test_a_stale_analysis_from_an_older_runs_dir_is_archived_and_analyze_reruns(tmp_path: Path) -> None:
+    """An older campaign's round-000 analysis lands in runs/ while round 0 trains (a merged
+    runs/): VAL and GATE do not take it; it is renamed aside, journaled, and analyze runs again."""
+    campaign = make_tree(tmp_path, rounds=1, edits={r'^step_seconds = "(.*)"$': 'step_seconds = "1.0"'})
+    daemon = start_daemon(campaign)
+    try:
+        wait_for(lambda: _training(tmp_path), 120, "round 0's trainer")
+        analysis = tmp_path / "repo" / "runs" / "round-000-online-analysis"
+        analysis.mkdir(parents=True, exist_ok=True)
+        stale = analysis / "analysis_summary.json"
+        old = '{"status": "failed", "from": "the previous campaign"}\n'
+        stale.write_text(old)
+        os.utime(stale, (time.time() - 86400, time.time() - 86400))
+        out, _ = daemon.communicate(timeout=300)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert daemon.returncode == 0, out[-3000:]
+    events = [r for r in journal(tmp_path) if r["event"] == "analysis.stale"]
+    assert len(events) == 1, events
+    archived = Path(str(events[0]["archived"]))
+    assert archived.parent.resolve() == analysis.resolve() and archived.read_text() == old
+    assert stale.read_text() != old  # analyze wrote this round's
+
+
+def _training(root: Path) -> bool:
+    try:
+        doc = status(root)
+    except (OSError, ValueError):
+        return False
+    return doc.get("state") == "TRAIN" and any(c.get("role") == "trainer" for c in doc.get("children", []))
