@@ -405,12 +405,16 @@ def start_script(cfg_command: Sequence[str], argv: Sequence[str], cwd: Path) -> 
     """(template index, path) of the ``start.sh`` a ShopSim command runs, a relative one taken
     against ``cwd`` (``shopsim.cwd``: the child's cwd), never shoprld's own. ``argv`` is the
     command expanded element by element (same length as ``cfg_command``). A bare ``start.sh``
-    as the program is a PATH lookup, not a file here."""
+    as the program is a PATH lookup, not a file here; a shell line (``bash -c "... start.sh"``)
+    is not a path either, and runs as configured."""
     for i, arg in enumerate(argv):
-        if Path(arg).name == LAUNCHER and (i > 0 or "/" in arg):
+        if Path(arg).name == LAUNCHER and (i > 0 or "/" in arg) and not any(ch in arg for ch in _SHELL):
             path = Path(arg)
             return i, path if path.is_absolute() else cwd / path
     return None
+
+
+_SHELL = frozenset(" \t\n;&|$`<>()")
 
 
 def _expanded(plan: RoundPlan) -> list[str]:
@@ -421,13 +425,6 @@ def _expanded(plan: RoundPlan) -> list[str]:
 def service_cwd(plan: RoundPlan) -> Path:
     """The directory the ShopSim child is started in (as every child: its ``cwd`` or the project root)."""
     return plan.cfg.shopsim.cwd or plan.layout.project_root
-
-
-def service_dir(plan: RoundPlan) -> Path | None:
-    """The user's ShopSim checkout dir: the directory of the ``start.sh`` in the command (resolved
-    against ``shopsim.cwd``), else ``shopsim.cwd``."""
-    found = start_script(plan.cfg.shopsim.command, _expanded(plan), service_cwd(plan))
-    return found[1].resolve().parent if found is not None else plan.cfg.shopsim.cwd
 
 
 @dataclass(frozen=True)
