@@ -193,6 +193,9 @@ class Layout:
         """Create the campaign, experiment and cache trees, and the managed runs/ link."""
         for sub in EXP_SUBDIRS:
             (self.exp_dir / sub).mkdir(parents=True, exist_ok=True)
+        owner = self.runs / RUNS_OWNER
+        if not owner.exists():  # validation refused a foreign runs/ before this point: it is ours
+            owner.write_text(f"{cfg.campaign.name}/{cfg.campaign.experiment}\n")
         for sub in CACHE_SUBDIRS:
             (self.cache_root / sub).mkdir(parents=True, exist_ok=True)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -224,6 +227,10 @@ def runs_aside(link: Path, when: float | None = None) -> Path:
     out of retention's sight, and its round dirs would be read as this campaign's."""
     return link.with_name(f"{link.name}.pre-shoprld-{time.strftime('%Y%m%d', time.localtime(when))}")
 
+
+# Written into $EXP_DIR/runs when shoprld makes (or first uses) it: a runs/ without it that already
+# holds files was put there by hand (a previous campaign's), not written by this campaign.
+RUNS_OWNER = ".shoprld-campaign"
 
 RUNS_DIR_PROBLEM = "is a real directory in the checkout, so the tools' output would land in the repo"
 

@@ -35,7 +35,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import has_state
-from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, Layout, runs_aside, runs_dir_fix
+from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, RUNS_OWNER, Layout, runs_aside, runs_dir_fix
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.services.shopsim import start_script
 
@@ -364,7 +364,8 @@ def _state_dir(cfg: Config, layout: Layout) -> Iterator[Problem]:
 
 def _foreign_runs(cfg: Config, layout: Layout) -> Iterator[Problem]:
     """A real ``<project_root>/runs`` where the managed link must go (move it aside, never into
-    the experiment: see :func:`runs_aside`). And a fresh campaign (no state of its own yet) whose ``$EXP_DIR/runs`` already holds files:
+    the experiment: see :func:`runs_aside`). And a fresh campaign (no state of its own yet) whose
+    ``$EXP_DIR/runs`` already holds files and lacks shoprld's mark (:data:`RUNS_OWNER`):
     a previous campaign's, or a checkout's ``runs/`` moved in. Its round dirs would be taken for
     this campaign's (an old ``analysis_summary.json``, a gate result), so refuse before anything
     is written."""
@@ -377,13 +378,14 @@ def _foreign_runs(cfg: Config, layout: Layout) -> Iterator[Problem]:
         return
     runs = layout.runs
     try:
-        if runs.is_symlink() or not runs.is_dir() or next(runs.iterdir(), None) is None:
+        if runs.is_symlink() or not runs.is_dir() or (runs / RUNS_OWNER).exists() \
+                or next(runs.iterdir(), None) is None:
             return
     except OSError:
         return
     yield Problem(cfg.source, "campaign.experiment",
-                  f"{runs} already holds tool output, but this campaign has no state yet in {layout.state_dir} "
-                  "(another campaign's runs/, or a checkout's moved in); its round dirs would be read as this "
-                  "campaign's", str(runs),
+                  f"{runs} already holds tool output that this campaign did not write (no {RUNS_OWNER} in it, "
+                  f"no state in {layout.state_dir}): another campaign's runs/, or a checkout's moved in; its "
+                  "round dirs would be read as this campaign's", str(runs),
                   f"move it aside (mv {runs} {runs_aside(runs)}), or give this campaign another "
                   "campaign.experiment", "environment")

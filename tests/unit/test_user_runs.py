@@ -17,7 +17,7 @@ import pytest
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.layout import RUNS_OWNER, Layout
 from shoprld.daemon.services.validate import problems
 from shoprld.states import val
 from shoprld.states.base import RoundContext
@@ -103,10 +103,21 @@ def test_a_fresh_campaign_refuses_a_foreign_exp_runs_dir(tmp_path: Path) -> None
     assert "\n" not in line and f"{layout.runs} already holds tool output" in line, line
     assert re.search(rf"fix: move it aside \(mv {re.escape(str(layout.runs))} "
                      rf"{re.escape(str(layout.runs))}\.pre-shoprld-\d{{8}}\)", line), line
-    # The campaign's own runs/ (it has state) is not refused.
+    # The campaign's own runs/: marked when shoprld made it (even with the state dir lost), or
+    # any runs/ of a campaign that has state.
+    cfg = load_config(campaign)
+    (layout.runs / RUNS_OWNER).write_text("demo/x\n")
+    assert not [p for p in problems(cfg, layout) if "already holds" in p.line()]
+    (layout.runs / RUNS_OWNER).unlink()
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     (layout.state_dir / "journal.jsonl").write_text("")
-    assert not [p for p in problems(load_config(campaign), layout) if "already holds" in p.line()]
+    assert not [p for p in problems(cfg, layout) if "already holds" in p.line()]
+
+
+def test_the_layout_marks_its_runs_dir(tmp_path: Path) -> None:
+    campaign, layout = _cfg(tmp_path)
+    layout.ensure(load_config(campaign))
+    assert (layout.runs / RUNS_OWNER).is_file()
 
 
 def test_an_empty_exp_runs_dir_is_not_refused(tmp_path: Path) -> None:
