@@ -1,6 +1,6 @@
 """The user's files are left as found: a campaign and a rehearsal run ShopSim from a checkout
 whose ``start.sh`` has the real one's launch shape (tests/shopsimcheckout.py): the checkout is
-identical after (mode, size, mtime, inode of every entry), the project root too but for the
+identical after (mode, size, mtime, inode of every entry), the project root too (.git included) but for the
 seed's layout's own ``runs`` link and the ledger, and the service's log grows in
 ``$EXP_DIR/logs/shopsim/``. A ``start.sh`` that is not under ``shopsim.cwd`` is refused.
 """
@@ -45,11 +45,11 @@ def test_campaign_leaves_the_shopsim_checkout_and_project_root_as_found(tmp_path
     campaign, shop_env = _tree(tmp_path)
     repo = tmp_path / "repo"
     checkout_before = snapshot(shop_env)
-    repo_before = snapshot(repo, skip=("runs", "reports", ".git"))
+    repo_before = snapshot(repo, skip=("runs", "reports"))
     proc = run_daemon(campaign, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert differences(checkout_before, snapshot(shop_env)) == []
-    repo_after = snapshot(repo, skip=("runs", "reports", ".git"))
+    repo_after = snapshot(repo, skip=("runs", "reports"))
     # The root dir's own mtime moves with the runs link (the seed's layout's) and the ledger's dir.
     repo_before.pop("."), repo_after.pop(".")
     assert differences(repo_before, repo_after) == []
