@@ -285,6 +285,15 @@ class RoundContext:
         self.emit("stage.spawn", role=role, pid=child.pid, argv=redacted, started_at=child.record.started_at)
         return child
 
+    async def reattach(self, role: ChildRole, *, state: State | str) -> Child | None:
+        """A child of ``role`` for this round that runs without a record of ours (a Ray job that
+        outlived its daemon, or that it lost sight of): registered and journaled, or None."""
+        child = await self.launcher.live(role, log=self.log_path(state), round=self.resolve())
+        if child is not None:
+            self.register_child(child)
+            self.emit("child.adopted", role=role, pid=child.pid, job_id=child.record.job_id, how="live in Ray")
+        return child
+
     async def spawn(self, plan: RoundPlan, role: ChildRole, template: Sequence[str], spec: ProcessSpec, *,
                     state: str, extra_env: Mapping[str, str] | None = None) -> Child:
         """The services' launch (``ServiceHost.spawn``): :meth:`start` for ``plan``'s round."""

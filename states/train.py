@@ -37,7 +37,9 @@ from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.services.processes import Child
+from shoprld.daemon.services.rayjobs import RayJobsError
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
 from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object, require_keys
 
@@ -47,11 +49,26 @@ STATE = State.TRAIN
 ADOPTS: tuple[ChildRole, ...] = (ChildRole.TRAINER, ChildRole.SIDECAR)
 
 def completed(ctx: RoundContext) -> bool:
-    """The tracker reached this round's end iteration and that checkpoint is complete."""
+    """The tracker reached this round's end iteration, that checkpoint is complete, and the
+    round's sidecar has drained (issue 27: a daemon that died during the drain drains again on
+    its restart, instead of stopping the analysing sidecar as a stray of a later state)."""
+    return _trained(ctx) and _drained(ctx)
+
+
+def _trained(ctx: RoundContext) -> bool:
     scan = ckpt.scan(ctx.layout.save_dir)
     latest = scan.latest_complete
     end = scan.get(ctx.end_iteration)
     return latest is not None and latest.iteration >= ctx.end_iteration and end is not None and end.complete
+
+
+def _drained(ctx: RoundContext) -> bool:
+    """The round's sidecar drained (its record, written by :func:`_stop_sidecar`), or none runs."""
+    spec = ctx.cfg.sidecar
+    if not spec.enabled or not spec.command:
+        return True
+    # A round exported already was drained by a shoprld from before the record existed.
+    return ctx.record_path("sidecar").exists() or ctx.record_path("export").exists()
 
 
 async def run(ctx: RoundContext) -> Outcome:
@@ -59,10 +76,21 @@ async def run(ctx: RoundContext) -> Outcome:
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:
         return Outcome.retry(problem)
+    if _trained(ctx):  # the job is done; a daemon died during the sidecar's drain: drain again
+        await _stop_sidecar(ctx, await _start_sidecar(ctx))
+        await ctx.launcher.idle()
+        return Outcome.done(f"{ctx.plan.checkpoint_name} complete; the sidecar drained", progressed=True)
     # A trainer a crashed daemon left running is adopted first: it already read this round's
     # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
     # time those take is time in which the adopted job may finish).
     trainer = ctx.find_child(ChildRole.TRAINER)
+    if trainer is None:
+        # A live job of this round in Ray (issue 27): a daemon that lost sight of it, or died,
+        # must not emit, recover leaks or clear GPUs under it, nor launch a second trainer.
+        try:
+            trainer = await ctx.reattach(ChildRole.TRAINER, state=STATE)
+        except RayJobsError as exc:
+            return Outcome.retry(f"{exc}; a live job may be running there, so none is launched")
     if trainer is None and cfg.train.emit_command:
         await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
@@ -109,6 +137,8 @@ async def run(ctx: RoundContext) -> Outcome:
         saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
                                 emit=ctx.emit)
         trainer = await ctx.start(ChildRole.TRAINER, cfg.train.command, cfg.train, state=STATE)
+        if trainer.reattached:
+            resume = None  # Ray had it running already: it loaded its checkpoint long before this look
     before = ckpt.scan(ctx.layout.save_dir).latest_complete
     try:
         followed = await _follow(ctx, trainer, resume)
@@ -140,9 +170,10 @@ async def run(ctx: RoundContext) -> Outcome:
     if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
-    if completed(ctx):
+    if _trained(ctx):
         _prune_partials(ctx)
         await _stop_sidecar(ctx, sidecar)
+        await ctx.launcher.idle()  # a Ray head of ours goes with its job (issue 27)
         return Outcome.done(f"{ctx.plan.checkpoint_name} complete", progressed=True)
     tail = _tail(ctx.log_path(STATE))
     if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
@@ -208,6 +239,9 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     ctx.unregister_child(child)
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
+    record = ctx.record_path("sidecar")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(record, {"round": ctx.round, "drained_at": ctx.clock.time(), "forced": forced})
     if forced:  # each analysis it was running held a ShopSim lease that nobody will release
         problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="after the sidecar was stopped")
         if problem:

@@ -147,6 +147,12 @@ class TaggingLauncher:
     def adopt(self, record: ChildRecord) -> Child | None:
         return self._inner.adopt(record)
 
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        return await self._inner.live(role, log=log, round=round)
+
+    async def idle(self) -> None:
+        await self._inner.idle()
+
 
 def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:
     """Session leaders whose ``SHOPRLD_CHILD`` starts with ``tag_prefix``, by role (the rest of the tag)."""

@@ -231,6 +231,12 @@ class TrainSection(ProcessSpec):
     ray_address: Url = "http://127.0.0.1:8265"
     ray_start_head: Bool = False
     ray_head_command: Command = ()
+    # A head shoprld started is stopped when TRAIN's job is done (upstream stops Ray around
+    # every round: its memory, session logs and orphans do not live 25 hours); true keeps it.
+    ray_keep_head: Bool = False
+    # A cluster of several nodes (one shoprld did not start: ray_start_head = false): the job's
+    # driver goes to a node with these custom resources, e.g. {trainer_node = 1}.
+    ray_entrypoint_resources: dict[str, float] = {}
     runtime_env: dict[str, str] = {}
 
     @field_validator("progress_pattern")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,58 @@ def _short(path: Path, kind: str) -> Path:
 
 
 EXP_SUBDIRS = ("logs", "checkpoints", "artifacts", "ray", "tmp", "wandb", "runs")
-CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb")
+CACHE_SUBDIRS = ("huggingface", "torch", "triton", "uv", "pip", "xdg", "wandb", "torch/inductor", "flashinfer", "cuda")
+
+# Every cache a child may fill, and where shoprld sends it (under the cache root, on the data
+# disk): the tools' defaults are under $HOME or /tmp, which on an AutoDL box is the ~30 GB
+# system disk. FlashInfer's JIT cache lives in $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer,
+# TorchInductor's in /tmp/torchinductor_<user>, CUDA's PTX JIT cache in ~/.nv/ComputeCache.
+CACHE_KEYS: dict[str, str] = {
+    "HF_HOME": "huggingface",
+    "HF_HUB_CACHE": "huggingface/hub",
+    "HF_DATASETS_CACHE": "huggingface/datasets",
+    "TRANSFORMERS_CACHE": "huggingface/transformers",
+    "TORCH_HOME": "torch",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torch/inductor",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "CUDA_CACHE_PATH": "cuda",
+    "UV_CACHE_DIR": "uv",
+    "PIP_CACHE_DIR": "pip",
+    "XDG_CACHE_HOME": "xdg",
+    "WANDB_CACHE_DIR": "wandb",
+}
+# The tools' own default dirs (under $HOME), reused when they already exist on the data disk:
+# key -> (the dir whose existence says "a cache is there", the value that points at it).
+USER_CACHE_DEFAULTS: dict[str, tuple[str, str]] = {
+    "HF_HOME": (".cache/huggingface", ".cache/huggingface"),
+    "TORCH_HOME": (".cache/torch", ".cache/torch"),
+    "TRITON_CACHE_DIR": (".triton/cache", ".triton/cache"),
+    "FLASHINFER_WORKSPACE_BASE": (".cache/flashinfer", "."),
+    "CUDA_CACHE_PATH": (".nv/ComputeCache", ".nv/ComputeCache"),
+    "UV_CACHE_DIR": (".cache/uv", ".cache/uv"),
+    "PIP_CACHE_DIR": (".cache/pip", ".cache/pip"),
+    "WANDB_CACHE_DIR": (".cache/wandb", ".cache/wandb"),
+}
+# Hugging Face's sub-caches follow a reused HF_HOME (TRANSFORMERS_CACHE wins over the hub
+# cache in transformers, so it must point at the same hub dir to find the models there).
+_HF_FOLLOWERS = {"HF_HUB_CACHE": "hub", "HF_DATASETS_CACHE": "datasets", "TRANSFORMERS_CACHE": "hub"}
+
+
+@dataclass(frozen=True)
+class CachePlace:
+    """Where one cache variable points for the children, and why."""
+
+    key: str
+    path: Path
+    source: str  # "shoprld" | "your $KEY" | "your existing ~/..." | "follows HF_HOME"
+
+
+def _same_fs(path: Path, root: Path) -> bool:
+    try:
+        return path.stat().st_dev == root.stat().st_dev
+    except OSError:
+        return False
 
 
 def _user(cfg: Config, environ: dict[str, str] | os._Environ[str]) -> str:
@@ -150,25 +202,42 @@ class Layout:
             paths["<project_root>/runs"] = self.project_root / "runs"
         return paths
 
-    def cache_env(self) -> dict[str, str]:
-        c = self.cache_root
-        return {
-            "HF_HOME": str(c / "huggingface"),
-            "HF_HUB_CACHE": str(c / "huggingface" / "hub"),
-            "HF_DATASETS_CACHE": str(c / "huggingface" / "datasets"),
-            "TRANSFORMERS_CACHE": str(c / "huggingface" / "transformers"),
-            "TORCH_HOME": str(c / "torch"),
-            "TRITON_CACHE_DIR": str(c / "triton"),
-            "UV_CACHE_DIR": str(c / "uv"),
-            "PIP_CACHE_DIR": str(c / "pip"),
-            "XDG_CACHE_HOME": str(c / "xdg"),
-            "WANDB_CACHE_DIR": str(c / "wandb"),
-        }
+    def cache_places(self, cfg: Config, base: Mapping[str, str] | None = None,
+                     home: Path | None = None) -> list[CachePlace]:
+        """Where each cache of :data:`CACHE_KEYS` goes for the children: a value the user set in
+        ``base`` (the daemon's environment) is kept; else the tool's default dir under ``home``
+        when it already exists on the data disk (``storage.ephemeral_root``'s filesystem); else
+        shoprld's dir under the cache root. ``storage.blank_cache`` asks for a fresh cache, so
+        then nothing of the user's is reused."""
+        base = {} if base is None else base
+        reuse = not cfg.storage.blank_cache
+        if home is None:
+            home = Path(base["HOME"]) if base.get("HOME") else None
+        places: dict[str, CachePlace] = {}
+        for key, sub in CACHE_KEYS.items():
+            place = CachePlace(key, self.cache_root / sub, "shoprld")
+            if reuse and base.get(key):
+                place = CachePlace(key, Path(base[key]), f"your ${key}")
+            elif reuse and key in _HF_FOLLOWERS and places["HF_HOME"].source != "shoprld":
+                place = CachePlace(key, places["HF_HOME"].path / _HF_FOLLOWERS[key], "follows HF_HOME")
+            elif reuse and home is not None and key in USER_CACHE_DEFAULTS:
+                marker, value = USER_CACHE_DEFAULTS[key]
+                if (home / marker).is_dir() and _same_fs(home / marker, self.ephemeral_root):
+                    place = CachePlace(key, (home / value) if value != "." else home, f"your existing ~/{marker}")
+            places[key] = place
+        return list(places.values())
+
+    def cache_env(self, cfg: Config | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The cache variables every child gets (see :meth:`cache_places`; without ``cfg``:
+        shoprld's own dirs)."""
+        if cfg is None:
+            return {key: str(self.cache_root / sub) for key, sub in CACHE_KEYS.items()}
+        return {p.key: str(p.path) for p in self.cache_places(cfg, base)}
 
     def child_env(self, cfg: Config, base: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
         """The environment every child gets (secrets are added per stage, elsewhere)."""
         env = {k: v for k, v in base.items() if not k.startswith("NOTIFY_SOCKET") and k != "WATCHDOG_USEC"}
-        env.update(self.cache_env())
+        env.update(self.cache_env(cfg, base))
         env.update({
             "RAY_TMPDIR": str(self.child_ray_tmp),
             # All three: Python's tempfile honours TMPDIR, TEMP and TMP (in that order), and the

@@ -18,6 +18,7 @@ from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
 from shoprld.daemon.services.hygiene import lines, scan_repo
+from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
@@ -58,6 +59,8 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     gpu_problem, _ = _gpu_count(cfg)
     if gpu_problem:
         problems.append(gpu_problem)
+    # A Ray head on our ports that is not ours (its command line is masked like ours).
+    problems.extend(secrets.redact(line) for line in box_refusals(cfg, layout))
     return problems
 
 
@@ -131,12 +134,21 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
         out("\nstage commands (round 0 and round 1; secrets masked)\n")
         for line in describe_commands(cfg, layout, secrets):
             out(f"{line}\n")
+    if cfg.train.launcher == "ray" and not cfg.train.ray_start_head:
+        # A cluster shoprld did not start (issue 27): it submits there and never starts, stops
+        # or signals it; what it cannot see from here is whether every node sees the save dir.
+        out(f"  Ray: an existing cluster at {cfg.train.ray_address} (shoprld never starts, stops or signals it); "
+            f"WARNING: the save dir {layout.save_dir}, the experiment dir and .env's secrets file under "
+            f"{layout.tmp} must be on storage every Ray node sees: not provable from here\n")
     warning = shopsim_exposure_warning(cfg.shopsim.url)
     if warning:
         out(f"\nwarning: {warning}\n")
     out("\n" + df_text(cfg, layout) + "\n")
     out(f"{_budget_line(cfg, layout)}\n")
     out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
+    out("\nthe box (/dev/shm, ports, caches)\n")
+    for box in box_lines(cfg, layout):
+        out(f"  {secrets.redact(box.shown())}\n")  # a foreign command line may quote a key
     problems = _blocking(cfg, layout, secrets, invalid)
     if problems:
         out(f"\nNOT READY: {problems[0]}\n")

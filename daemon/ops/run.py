@@ -20,6 +20,7 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
 from shoprld.daemon.foundation.secrets import load_secrets
 from shoprld.daemon.services.processes import Launcher
+from shoprld.daemon.services.boxcheck import box_refusals
 from shoprld.daemon.services.validate import validate
 from shoprld.daemon.core.engine import Engine
 from shoprld.daemon.core.metrics import extras_problem
@@ -38,6 +39,9 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     # What `shoprld check` refuses, run refuses here, before the state dir is touched or any
     # child starts (the same function: issue 15).
     validate(cfg, layout)
+    # A Ray head on our ports with no record of ours: `check`'s refusal, before anything starts.
+    for refusal in box_refusals(cfg, layout):
+        raise ConfigError(secrets.redact(refusal))  # a foreign command line may quote a key
     mode = terminal_mode(sys.stdout, verbose=verbose or debug)
     # The process's redactor is built here, from the loaded .env, and handed on: to the logs
     # now, and (the engine's, from the same secrets) to the store, the notifier and the alerts.

@@ -121,6 +121,9 @@ class Child:
         self.record = record
         self._process = process
         self.returncode: int | None = None
+        # Found running (a Ray job live in Ray), not launched by this attempt: no resume check
+        # may judge it, since it loaded its checkpoint long before this attempt's look.
+        self.reattached = False
 
     @property
     def pid(self) -> int:
@@ -196,6 +199,16 @@ class Launcher(Protocol):
 
     def adopt(self, record: ChildRecord) -> Child | None: ...
 
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        """A child of ``role`` for ``round`` that runs without a record of ours (a Ray job that
+        outlived its daemon, or that the daemon lost sight of): TRAIN asks before anything
+        else, and re-attaches instead of launching under it. Local children have none."""
+        ...
+
+    async def idle(self) -> None:
+        """TRAIN's job is done: stop what only it needed (a Ray head this campaign started)."""
+        ...
+
 
 class LocalLauncher:
     """Children as local processes in their own sessions, logging to a file."""
@@ -222,6 +235,12 @@ class LocalLauncher:
     def adopt(self, record: ChildRecord) -> Child | None:
         if pid_alive(record.pid, record.start_ticks):
             return Child(record, None)
+        return None
+
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        return None  # a local child without a record is found by its tag (children.py), not here
+
+    async def idle(self) -> None:
         return None
 
 

@@ -38,8 +38,10 @@ experiment's tmp dir, and the entrypoint sources it (``. <file> && exec ...``): 
 its path, never a value. A secret value found in the entrypoint is refused before anything is
 submitted. The dashboard still stays on loopback (the recipe's head binds 127.0.0.1).
 
-Logs: the job's whole log is fetched per poll (the REST API has no offset; its tail is a
-websocket), so the log poll backs off with the log's size. The number of characters already
+Logs: with a head of ours, the job's driver log (``<RAY_TMPDIR>/ray/session_latest/logs/
+job-driver-<id>.log``) is followed by byte offset, as the trainer's own log is. Otherwise (a
+cluster elsewhere) the job's whole log is fetched per poll (the REST API has no offset; its
+tail is a websocket), so the log poll backs off with the log's size. The number of characters already
 copied is kept beside the stage log (``.<log>.<job>.offset``), so a re-attach after a daemon
 crash appends only what is new.
 """
@@ -52,7 +54,7 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +95,11 @@ class RayJobChild(Child):
     """A Ray job standing in for a local child: same surface, no process group."""
 
     def __init__(self, record: ChildRecord, client: RayJobsClient, *, status: str = "PENDING",
-                 poll: float = 1.0, unreachable_timeout: float = 300.0) -> None:
+                 poll: float = 1.0, unreachable_timeout: float = 300.0,
+                 head_alive: Callable[[], bool] = lambda: False, driver_log: Path | None = None) -> None:
         super().__init__(record, None)
+        self.head_alive = head_alive  # whether the head that runs the job (ours) still runs
+        self.driver_log = driver_log  # the job's log on this box: followed by byte offset
         self.client = client
         self.status = status
         self.message = ""
@@ -105,8 +110,14 @@ class RayJobChild(Child):
         self._offset_file = (self._log.with_name(f".{self._log.name}.{record.job_id}.offset")
                              if self._log else None)
         self._copied = _read_offset(self._offset_file)
+        self._boffset_file = (self._log.with_name(f".{self._log.name}.{record.job_id}.driver-offset")
+                              if self._log else None)
+        self._bcopied = _read_offset(self._boffset_file)
         self._log_due = 0.0
         self._log_size = 0
+        self.submitted_entrypoint = ""   # what Ray runs, for a re-attached job
+        self.status_failures = 0         # failed status calls in a row (the job's fate)
+        self.log_failures = 0            # failed log pulls (never the job's fate)
 
     @property
     def job_id(self) -> str:
@@ -133,9 +144,21 @@ class RayJobChild(Child):
         return self.status
 
     async def pull_logs(self, *, force: bool = False) -> int:
-        """Append what the job logged since the last pull to the stage log; bytes written."""
+        """Append what the job logged since the last pull to the stage log; bytes written.
+
+        With the driver log on this box (a head of ours), it is followed by byte offset, a
+        chunk at a time: memory stays flat however long the log grows, and the dashboard is
+        never asked (issue 27: Ray's agent materialises the whole log per request, about 3x).
+        Otherwise the Jobs API's whole log, with a poll that backs off with its size."""
         if self._log is None:
             return 0
+        if self.driver_log is not None:
+            if self._bcopied or self.driver_log.exists() or self.status not in ("RUNNING", "SUCCEEDED", "FAILED"):
+                return self._follow_driver_log()
+            # Running, yet no driver log where Ray writes it (a head command with its own
+            # --temp-dir?): the Jobs API's log then, rather than a trainer that looks silent.
+            self._note(f"no driver log at {self.driver_log}; following the job's log through the Jobs API")
+            self.driver_log = None
         now = time.monotonic()
         if not force and now < self._log_due:
             return 0
@@ -159,24 +182,67 @@ class RayJobChild(Child):
             _write_offset(self._offset_file, self._copied)
             return len(data)
 
+    def _follow_driver_log(self, chunk: int = 1 << 20, most: int = 64 << 20) -> int:
+        assert self.driver_log is not None and self._log is not None
+        try:
+            src = open(self.driver_log, "rb")
+        except OSError:
+            return 0  # not written yet (PENDING), or the session is gone
+        total = 0
+        with src:
+            if os.fstat(src.fileno()).st_size < self._bcopied:
+                self._bcopied = 0  # another file under the same name: copy it from its start
+            src.seek(self._bcopied)
+            fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                while total < most:
+                    data = src.read(chunk)
+                    if not data:
+                        break
+                    os.write(fd, data)
+                    total += len(data)
+                    self._bcopied += len(data)
+            finally:
+                os.close(fd)
+        if total:
+            _write_offset(self._boffset_file, self._bcopied)
+        return total
+
     async def wait(self, poll: float | None = None) -> int | None:
-        """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED."""
+        """Poll until the job is terminal, copying its log; 0 SUCCEEDED, 1 FAILED/STOPPED.
+
+        A status call that fails is retried with backoff; "the API does not answer" becomes
+        "the job failed" only after ``unreachable_timeout`` AND with no head of ours running
+        (issue 27: a dashboard stalled by log reads must not kill a healthy run). A failed log
+        pull says nothing of the job: it is counted apart and never ends the wait."""
         interval = self._poll if poll is None else max(poll, 0.05)
         unreachable_since: float | None = None
         while self.alive():
             try:
                 await self.refresh()
-                await self.pull_logs()
-                unreachable_since = None
+                self.status_failures, unreachable_since = 0, None
             except RayJobsError as exc:
+                self.status_failures += 1
                 unreachable_since = unreachable_since or time.monotonic()
                 if time.monotonic() - unreachable_since > self._unreachable_timeout:
-                    self._note(f"lost the Ray Jobs API for {self._unreachable_timeout:.0f}s ({exc}); "
-                               "treating the job as failed")
-                    self.message = str(exc)
-                    return self._finish("FAILED")
+                    if self.head_alive():
+                        self._note(f"the Ray Jobs API has not answered for {self._unreachable_timeout:.0f}s ({exc}), "
+                                   "but the head runs: still watching the job")
+                        unreachable_since = time.monotonic()
+                    else:
+                        self._note(f"lost the Ray Jobs API for {self._unreachable_timeout:.0f}s ({exc}) and no head "
+                                   "of ours runs; treating the job as failed")
+                        self.message = str(exc)
+                        return self._finish("FAILED")
             if self.alive():
-                await anyio.sleep(interval)
+                try:
+                    await self.pull_logs()
+                    self.log_failures = 0
+                except RayJobsError:
+                    self.log_failures += 1
+            if self.alive():
+                # Back off while the API fails (a struggling dashboard needs air), up to 30 s.
+                await anyio.sleep(min(30.0, interval * 2 ** min(self.status_failures, 5)))
         try:
             await self.pull_logs(force=True)
         except RayJobsError:
@@ -373,13 +439,20 @@ class RayLauncher:
 
     def __init__(self, cfg: Config, layout: Layout, *, inner: Launcher | None = None,
                  client: RayJobsClient | None = None, poll: float = 1.0, head_timeout: float = 180.0,
-                 unreachable_timeout: float = 300.0, roles: Sequence[ChildRole] = RAY_ROLES) -> None:
+                 unreachable_timeout: float = 300.0, roles: Sequence[ChildRole] = RAY_ROLES,
+                 driver_logs: Path | None = None) -> None:
         self.cfg, self.layout = cfg, layout
         self.inner: Launcher = inner or LocalLauncher()
         self.client = client or RayJobsClient(cfg.train.ray_address)
         self.poll, self.head_timeout, self.unreachable_timeout = poll, head_timeout, unreachable_timeout
         self.roles = tuple(roles)
         self.head: Child | None = None
+        # Where the jobs' driver logs are, when the head is ours (its session is on this box):
+        # Ray writes <temp dir>/session_latest/logs/job-driver-<submission id>.log, and
+        # RAY_TMPDIR/ray is the temp dir of a head started with it.
+        if driver_logs is None and cfg.train.ray_start_head:
+            driver_logs = ray_tmpdir_path(layout) / "ray" / "session_latest" / "logs"
+        self.driver_logs = driver_logs
 
     # -- naming -------------------------------------------------------------------------------
     @property
@@ -421,26 +494,12 @@ class RayLauncher:
             await self.ensure_head(values)
         log.parent.mkdir(parents=True, exist_ok=True)
 
-        ours: list[tuple[str, int, dict[str, Any]]] = []
-        for j in await self.client.list():
-            parsed = self._parse(j.get("submission_id"))
-            if parsed is not None:
-                ours.append((parsed[0], parsed[1], j))
-        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
-                      key=lambda t: t[0])
-        keep = live[-1][1] if live else None
-        for rid, _, j in ours:  # one trainer per save dir: any other live job of ours goes first
-            if j.get("status") in LIVE and j is not keep:
-                other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
-                await other.stop(self.cfg.train.grace)
-        if keep is not None:
-            sid = str(keep["submission_id"])
-            child = self._child(sid, role, log, list(redacted_argv), str(keep.get("status")))
-            child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
-            if str(keep.get("entrypoint", "")) != entrypoint:
+        ours = await self._ours()
+        child = await self._attach(role, round_id, ours, log, list(redacted_argv))
+        if child is not None:
+            if str(child.submitted_entrypoint) != entrypoint:
                 child._note("note: the live job's entrypoint differs from the recipe's; it keeps running as "
                             "submitted (stop the campaign to pick up the change)")
-            self._note_job(round_id, sid)
             return child
         n = 1 + max((n for rid, n, _ in ours if rid == round_id), default=0)
         sid = self.submission_id(round_id, n)
@@ -452,7 +511,8 @@ class RayLauncher:
         deadline = time.monotonic() + self.head_timeout
         while True:
             try:
-                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata)
+                sid = await self.client.submit(entrypoint, submission_id=sid, env_vars=env_vars, metadata=metadata,
+                                               entrypoint_resources=self.cfg.train.ray_entrypoint_resources)
                 break
             except JobExists:
                 break  # submitted by us an instant ago (a retried request): attach to it
@@ -465,6 +525,67 @@ class RayLauncher:
         self._note_job(round_id, sid)
         return child
 
+    async def _ours(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(round id, n, job) of every job of this campaign Ray knows."""
+        ours: list[tuple[str, int, dict[str, Any]]] = []
+        for j in await self.client.list():
+            parsed = self._parse(j.get("submission_id"))
+            if parsed is not None:
+                ours.append((parsed[0], parsed[1], j))
+        return ours
+
+    async def _attach(self, role: str, round_id: str, ours: list[tuple[str, int, dict[str, Any]]], log: Path,
+                      argv: list[str]) -> RayJobChild | None:
+        """Re-attach to the round's newest live job (stopping any other live job of ours first:
+        one trainer per save dir); None when the round has none."""
+        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
+                      key=lambda t: t[0])
+        keep = live[-1][1] if live else None
+        for _rid, _, j in ours:
+            if j.get("status") in LIVE and j is not keep:
+                other = self._child(str(j["submission_id"]), role, log, [], str(j.get("status")))
+                await other.stop(self.cfg.train.grace)
+        if keep is None:
+            return None
+        sid = str(keep["submission_id"])
+        child = self._child(sid, role, log, argv, str(keep.get("status")))
+        child.reattached, child.submitted_entrypoint = True, str(keep.get("entrypoint", ""))
+        child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
+        self._note_job(round_id, sid)
+        return child
+
+    async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
+        """This round's live job, asked of Ray before anything else in TRAIN (issue 27): a job
+        that outlived its daemon, or that the daemon lost sight of while the Jobs API did not
+        answer, is re-attached: no emit, no resume check, no leak or GPU recovery under it.
+        None when no head answers and none of ours runs. Raises :class:`RayJobsError` when our
+        head runs but its API does not answer: a live job may be there, so nothing is launched."""
+        if role not in self.roles:
+            return await self.inner.live(role, log=log, round=round)
+        if not await self.client.reachable():
+            if self.head_running():
+                raise RayJobsError(f"the Ray head shoprld started runs, but its Jobs API at "
+                                   f"{self.cfg.train.ray_address} does not answer")
+            return None
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return await self._attach(role, round.round_id, await self._ours(), log, [])
+
+    async def idle(self) -> None:
+        """TRAIN's job is done: stop the head this campaign started, unless ``train.ray_keep_head``
+        (the next TRAIN starts it again). A cluster shoprld did not start is never touched."""
+        await self.inner.idle()
+        if self.cfg.train.ray_start_head and not self.cfg.train.ray_keep_head:
+            await self.stop_head(self.cfg.train.grace)
+
+    def head_running(self) -> bool:
+        """Whether the head this campaign started (its record) still runs: this boot, its pid
+        with its start time."""
+        try:
+            rec = json.loads((self.layout.ray_tmp / _HEAD_RECORD).read_text())
+            return rec.get("boot_id") == boot_id() and pid_alive(int(rec.get("pid", 0)), rec.get("start_ticks"))
+        except (OSError, ValueError, TypeError):
+            return False
+
     def adopt(self, record: ChildRecord) -> Child | None:
         if not record.job_id:
             return self.inner.adopt(record)
@@ -475,13 +596,19 @@ class RayLauncher:
         if info is None or info.get("status") not in LIVE:
             return None
         return RayJobChild(record, self.client, status=str(info["status"]), poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running,
+                           driver_log=self.driver_log(record.job_id))
 
     def _child(self, sid: str, role: str, log: Path, argv: list[str], status: str) -> RayJobChild:
         record = ChildRecord(role=role, pid=0, pgid=0, start_ticks=None, started_at=time.time(), log=str(log),
                              argv=argv, job_id=sid)
         return RayJobChild(record, self.client, status=status, poll=self.poll,
-                           unreachable_timeout=self.unreachable_timeout)
+                           unreachable_timeout=self.unreachable_timeout, head_alive=self.head_running,
+                           driver_log=self.driver_log(sid))
+
+    def driver_log(self, sid: str) -> Path | None:
+        """The job's driver log on this box (a head of ours), followed by offset; else None."""
+        return self.driver_logs / f"job-driver-{sid}.log" if self.driver_logs is not None else None
 
     def _note_job(self, round_id: str, sid: str) -> None:
         """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""
@@ -502,7 +629,12 @@ class RayLauncher:
         """Make sure a head answers at ``train.ray_address``; start ``train.ray_head_command``
         (in its own session, RAY_TMPDIR in the experiment dir) when none does."""
         if await self.client.reachable():
-            return
+            if self.head_running():
+                return  # ours, from before a daemon restart: its jobs are ours to re-attach
+            raise ConfigError(f"{self.cfg.source}: train.ray_address: a Ray head already answers at "
+                              f"{self.cfg.train.ray_address}, and it is not one this campaign started (no record in "
+                              f"{self.layout.ray_tmp / _HEAD_RECORD}); fix: stop that head, or use it on purpose "
+                              "with train.ray_start_head = false")
         if not self.cfg.train.ray_head_command:
             raise ConfigError(f"{self.cfg.source}: train.ray_head_command: empty, and no Ray head answers at "
                               f"{self.cfg.train.ray_address}; fix: give the `ray start --head --block ...` argv")
@@ -516,7 +648,7 @@ class RayLauncher:
                                       redacted_argv=argv)
         self.head = head
         rec = {"pid": head.pid, "sid": head.pid, "start_ticks": head.record.start_ticks,
-               "address": self.cfg.train.ray_address, "started_at": time.time()}
+               "address": self.cfg.train.ray_address, "started_at": time.time(), "boot_id": boot_id()}
         atomic_write_json(self.layout.ray_tmp / _HEAD_RECORD, rec)
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
@@ -539,7 +671,10 @@ class RayLauncher:
         pid, sid = int(rec.get("pid", 0)), int(rec.get("sid", 0))
         # The leader alive with its recorded start time, or gone (then what keeps its
         # session id are its own orphans); a live pid with another start time was reused.
-        ours = pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid)
+        # A record from another boot (an instance restart: PIDs start low again) names
+        # nothing of ours: its session id may be anyone's now.
+        same_boot = rec.get("boot_id") == boot_id()
+        ours = same_boot and (pid_alive(pid, rec.get("start_ticks")) or not pid_alive(pid))
         if pid > 1 and sid == pid and ours:
             await stop_session(sid, grace)
         if self.head is not None:
@@ -554,6 +689,14 @@ class RayLauncher:
             await self.stop_head()
         finally:
             await self.client.aclose()
+
+
+def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """This boot's id (a new one after every reboot or container instance restart)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _append(log: Path, text: str) -> None:

@@ -42,8 +42,10 @@ class RayJobsClient:
         return self._http
 
     def _sync(self) -> httpx.Client:
+        # The daemon's start-up (adopt) waits up to the client's timeout (30 s): a dashboard slowed
+        # by log reads answers late, and a job wrongly taken for gone is one launched twice.
         return httpx.Client(base_url=self.address, transport=self._sync_transport, trust_env=False,
-                            timeout=min(self._timeout, 5.0))
+                            timeout=self._timeout)
 
     async def aclose(self) -> None:
         if self._http is not None:
@@ -64,9 +66,14 @@ class RayJobsClient:
         return r.status_code == 200
 
     async def submit(self, entrypoint: str, *, submission_id: str, env_vars: Mapping[str, str],
-                     metadata: Mapping[str, str] | None = None) -> str:
-        body = {"entrypoint": entrypoint, "submission_id": submission_id,
-                "runtime_env": {"env_vars": dict(env_vars)}, "metadata": dict(metadata or {})}
+                     metadata: Mapping[str, str] | None = None,
+                     entrypoint_resources: Mapping[str, float] | None = None) -> str:
+        body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id,
+                                "runtime_env": {"env_vars": dict(env_vars)}, "metadata": dict(metadata or {})}
+        if entrypoint_resources:
+            # Ray schedules the job's driver on a node with these custom resources (a cluster
+            # of several nodes: the trainer's node, not the head's).
+            body["entrypoint_resources"] = dict(entrypoint_resources)
         r = await self._request("POST", "/api/jobs/", json=body)
         if r.status_code == 200:
             return str(r.json().get("submission_id") or submission_id)
@@ -122,7 +129,7 @@ class RayJobsClient:
         """Blocking stop request (for ``signal_group``, which must not await)."""
         try:
             with self._sync() as c:
-                c.post(f"/api/jobs/{job_id}/stop")
+                c.post(f"/api/jobs/{job_id}/stop", timeout=min(self._timeout, 5.0))  # it blocks the loop
         except httpx.HTTPError:
             pass
 

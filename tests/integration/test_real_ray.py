@@ -85,8 +85,9 @@ class Head:
         self.temp = Path(tempfile.mkdtemp(prefix="shoprld-test-rayhead-", dir="/tmp"))  # short: AF_UNIX paths
         self.dashboard = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard}"
+        self.gcs_port = free_port()
         argv = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard}", f"--port={free_port()}",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard}", f"--port={self.gcs_port}",
                 f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
                 "--num-cpus=2", f"--temp-dir={self.temp}", "--disable-usage-stats"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -271,3 +272,53 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
         if sid:
             stop_session_sync(sid, grace=5)
         link.unlink(missing_ok=True)
+
+
+def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(head: Head, tmp_path: Path) -> None:
+    """Issue 27, item 6: a cluster shoprld did not start (a head and a worker node, both by
+    `ray start`, on this machine): the job goes to the worker through its custom resource
+    (train.ray_entrypoint_resources), and shoprld never stops or signals either node."""
+    import anyio
+
+    from shoprld.daemon.foundation.config import config_from_dict
+    from shoprld.daemon.round.plan import resolve
+    from shoprld.daemon.services.ray import RayLauncher
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["SHOPRLD_TEST_NODE"] = "worker"  # what the worker node's processes inherit
+    argv = [str(RAY_BIN), "start", "--block", f"--address=127.0.0.1:{head.gcs_port}", "--node-ip-address=127.0.0.1",
+            "--num-cpus=1", '--resources={"shoprld_trainer": 1}', "--disable-usage-stats"]
+    with open(tmp_path / "worker.out", "wb") as out:
+        worker = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                  start_new_session=True)
+    try:
+        cfg = config_from_dict({
+            "campaign": {"name": "two", "experiment": "nodes", "rounds": 1, "steps_per_round": 2},
+            "storage": {"repo": str(tmp_path / "repo"), "ephemeral_root": str(tmp_path / "eph"),
+                        "state_dir": str(tmp_path / "state"), "user": "u"},
+            "wandb": {"enabled": False},
+            "train": {"launcher": "ray", "ray_address": head.address, "command": ["true"],
+                      "ray_entrypoint_resources": {"shoprld_trainer": 1}},
+        }, tmp_path / "c.toml")
+        layout = Layout.from_config(cfg, environ={})
+        layout.logs.mkdir(parents=True)
+        (tmp_path / "repo").mkdir()
+        code = "import os\nprint('node=' + os.environ.get('SHOPRLD_TEST_NODE', 'head'), flush=True)"
+        launcher = RayLauncher(cfg, layout, poll=0.5)
+
+        async def run() -> int | None:
+            child = await launcher.start("trainer", [sys.executable, "-c", code], env={}, cwd=None,
+                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=["python"],
+                                         round=resolve(cfg, layout, 0))
+            rc = await child.wait()
+            await launcher.idle()  # a cluster shoprld did not start: idle() leaves it alone
+            await launcher.aclose()
+            return rc
+
+        assert anyio.run(run) == 0
+        text = layout.stage_log(0, "TRAIN").read_text()
+        assert "node=worker" in text, text[-2000:]
+        assert worker.poll() is None and head.proc.poll() is None, "shoprld touched a cluster it did not start"
+        print(f"\ntwo-node cluster: the job ran on the worker node ({text.strip().splitlines()[-1]})")
+    finally:
+        stop_session_sync(worker.pid)

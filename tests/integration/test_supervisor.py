@@ -140,3 +140,27 @@ def test_a_daemon_without_heartbeat_is_killed_and_restarted(tree: tuple[Path, Pa
         _wait("DONE", lambda: status(root).get("state") == "DONE")
     finally:
         sd.close()
+
+
+def test_stop_and_status_by_hand_reach_the_supervised_daemon(tree: tuple[Path, Path]) -> None:
+    """`shoprld status`/`stop -c FILE` from another shell (no STATE_DIRECTORY) find the daemon
+    supervisord runs; the stop is graceful (exit 0) and supervisord does not start it again."""
+    campaign, conf = tree
+    root = campaign.parent
+    env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    sd = Supervisord(conf)
+    try:
+        _wait("TRAIN", lambda: _in_train(root))
+        st = subprocess.run([*SHOPRLD, "status", "--json", "-c", str(campaign)], capture_output=True, text=True,
+                            timeout=60, env=env)
+        assert st.returncode == 0 and json.loads(st.stdout)["state"] == "TRAIN", st.stdout[-500:] + st.stderr
+        stop = subprocess.run([*SHOPRLD, "stop", "-c", str(campaign)], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "nothing to stop" not in stop.stdout + stop.stderr
+        _wait("EXITED", lambda: "EXITED" in sd.ctl("status", "shoprld-demo"), timeout=120)
+        time.sleep(3)
+        assert "EXITED" in sd.ctl("status", "shoprld-demo") and _starts(root) == 1
+        assert status(root)["state"] == "STOPPED"
+    finally:
+        sd.close()

@@ -352,6 +352,82 @@ async def test_lost_api_counts_as_a_failed_job(tmp_path: Path, standin: Standin)
 
 
 @pytest.mark.anyio
+async def test_a_stalled_api_while_our_head_runs_is_not_a_failed_job(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: the dashboard stops answering (SIGSTOP) for longer than the limit while the head
+    runs: wait() keeps watching, and the job's real end (SUCCEEDED) is what it returns."""
+    cfg, layout, _ = setup(tmp_path, standin.address)
+    client = RayJobsClient(standin.address, timeout=1.0)
+    launcher = RayLauncher(cfg, layout, client=client, poll=0.05, unreachable_timeout=0.5)
+    code = "import time\nfor i in range(80):\n    print(f'rollout {i}', flush=True)\n    time.sleep(0.1)"
+    with anyio.fail_after(60):
+        child = await start_trainer(launcher, layout, cfg, code)
+        assert isinstance(child, RayJobChild)
+        child.head_alive = lambda: True
+        os.kill(standin.proc.pid, signal.SIGSTOP)
+        try:
+            async with anyio.create_task_group() as tg:
+                async def resume_later() -> None:
+                    await anyio.sleep(4.5)
+                    os.kill(standin.proc.pid, signal.SIGCONT)
+                tg.start_soon(resume_later)
+                assert await child.wait() == 0
+        finally:
+            os.kill(standin.proc.pid, signal.SIGCONT)
+    text = layout.stage_log(0, "TRAIN").read_text()
+    assert "but the head runs: still watching" in text and "rollout 79" in text
+    assert child.status_failures == 0
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_live_finds_the_rounds_running_job_before_anything_is_launched(tmp_path: Path, standin: Standin) -> None:
+    """A restarted daemon asks Ray first: the round's live job comes back re-attached (no
+    resume check may judge it); another round's TRAIN finds none."""
+    cfg, layout, first = setup(tmp_path, standin.address)
+    with anyio.fail_after(30):
+        a = await start_trainer(first, layout, cfg, LOOP_FOREVER)
+        assert not a.reattached
+        second = RayLauncher(cfg, layout, poll=0.1)
+        b = await second.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0))
+        assert b is not None and b.record.job_id == a.record.job_id and b.reattached
+        assert await second.live("trainer", log=layout.stage_log(1, "TRAIN"), round=resolve(cfg, layout, 1)) is None
+        assert len(standin.jobs()) == 1
+        assert await b.stop(2.0) == 1
+
+
+@pytest.mark.anyio
+async def test_live_with_no_head_answering_and_none_of_ours_is_none(tmp_path: Path) -> None:
+    """No head answers and no head of ours runs: nothing can be live, TRAIN may launch."""
+    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9")
+    assert not launcher.head_running()
+    assert await launcher.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0)) is None
+
+
+@pytest.mark.anyio
+async def test_the_driver_log_is_followed_by_offset_once_even_across_a_restart(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: with the driver log on this box, the stage log gets every line exactly once, read
+    by byte offset (no whole-log GET), also when a restarted daemon re-attaches mid-job."""
+    cfg, layout, _ = setup(tmp_path, standin.address)
+    first = RayLauncher(cfg, layout, poll=0.05, driver_logs=standin.logs)
+    code = ("import sys, time\nfor i in range(4000):\n    print(f'rollout {i:05d} ' + 'x' * 900, flush=True)\n"
+            "    if i == 2000: time.sleep(1.5)\n")
+    got: list[str] = []
+    with anyio.fail_after(60):
+        a = await start_trainer(first, layout, cfg, code)
+        assert isinstance(a, RayJobChild) and a.driver_log == standin.logs / f"job-driver-{a.job_id}.log"
+        while "rollout 01000" not in layout.stage_log(0, "TRAIN").read_text():
+            await a.refresh()
+            await a.pull_logs(force=True)
+            await anyio.sleep(0.05)
+        second = RayLauncher(cfg, layout, poll=0.05, driver_logs=standin.logs)  # a restarted daemon
+        b = await second.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0))
+        assert isinstance(b, RayJobChild)
+        assert await b.wait() == 0
+    got = [line.split()[1] for line in layout.stage_log(0, "TRAIN").read_text().splitlines() if line.startswith("rollout ")]
+    assert got == [f"{i:05d}" for i in range(4000)]
+
+
+@pytest.mark.anyio
 async def test_a_retried_submit_attaches_to_the_job_ray_already_holds(tmp_path: Path) -> None:
     """POST answered 'already exists' (our own earlier request landed) is an attach, not an error."""
     calls: list[str] = []
@@ -485,3 +561,55 @@ async def test_ensure_head_starts_the_head_in_its_own_session_and_stops_it_by_se
         link = ray_tmpdir_path(layout)
         if link != layout.ray_tmp:
             link.unlink(missing_ok=True)
+
+
+@pytest.mark.anyio
+async def test_a_head_that_is_not_ours_is_refused_not_reused(tmp_path: Path, standin: Standin) -> None:
+    """Issue 27: a head answers on the configured address with no record of ours: one line, no job."""
+    cfg, layout, launcher = setup(tmp_path, standin.address, ray_start_head=True, ray_head_command=["true"])
+    with anyio.fail_after(30), pytest.raises(ConfigError, match="not one this campaign started"):
+        await launcher.ensure_head({})
+    assert standin.jobs() == []
+
+
+@pytest.mark.anyio
+async def test_a_head_record_from_another_boot_signals_nothing(tmp_path: Path) -> None:
+    """After an instance restart the recorded session id may be anyone's: stop_head leaves it be."""
+    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9")
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        layout.ray_tmp.mkdir(parents=True, exist_ok=True)
+        rec = {"pid": proc.pid, "sid": proc.pid, "start_ticks": None, "boot_id": "another-boot"}
+        (layout.ray_tmp / "shoprld-head.json").write_text(json.dumps(rec))
+        assert not launcher.head_running()
+        assert await launcher.stop_head(grace=0.5)
+        assert proc.poll() is None, "a session of another boot was signalled"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("keep", [False, True])
+async def test_the_head_goes_with_trains_job_unless_kept(tmp_path: Path, keep: bool) -> None:
+    """Issue 27: idle() after TRAIN stops the head shoprld started (its session, its record), so
+    its memory, logs and orphans do not live the whole campaign; ray_keep_head keeps it."""
+    port = free_port()
+    head_cmd = [PY, str(STANDIN), "--port", str(port), "--logs-dir", str(tmp_path / "head-logs")]
+    cfg, layout, launcher = setup(tmp_path, f"http://127.0.0.1:{port}", ray_start_head=True,
+                                  ray_head_command=head_cmd, ray_keep_head=keep)
+    sid = 0
+    try:
+        with anyio.fail_after(60):
+            child = await start_trainer(launcher, layout, cfg, PRINT_ROLLOUTS)
+            assert await child.wait() == 0
+            assert launcher.head is not None
+            sid = launcher.head.pid
+            await launcher.idle()
+        assert bool(session_pids(sid)) is keep
+        assert (layout.ray_tmp / "shoprld-head.json").exists() is keep
+    finally:
+        if sid and session_pids(sid):
+            for pid in session_pids(sid):
+                os.kill(pid, signal.SIGKILL)
+        await launcher.client.aclose()

@@ -126,6 +126,7 @@ SEED_RUNTIME_ENV = {
     "UV_CACHE_DIR": f"{CACHE}/uv",
     "PIP_CACHE_DIR": f"{CACHE}/pip",
     "WANDB_CACHE_DIR": f"{CACHE}/wandb",
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE}/flashinfer",
     "WANDB_RUN_GROUP": "qwen35-4b-train-100",
     "PYTHONUNBUFFERED": "1",
     "ROLLOUT_MAX_RESPONSE_LEN": "4096",
@@ -208,9 +209,11 @@ def test_round_one_loads_the_save_dir_through_the_engines_own_context(cfg: Confi
 
 @pytest.mark.parametrize("r", [0, 1])
 def test_ray_runtime_env_is_the_seeds(cfg: Config, layout: Layout, r: int) -> None:
-    """The job's env_vars are exactly the seed's runtime env plus the etiquette's caches."""
+    """The job's env_vars are exactly the seed's runtime env plus the etiquette's caches, and the
+    round's one W&B run (issue 27: a relaunch continues it)."""
     job = commands.train_job(cfg, layout, secrets(), r)
-    assert job.env_vars == SEED_RUNTIME_ENV
+    assert job.env_vars == {**SEED_RUNTIME_ENV, "WANDB_RUN_ID": f"qwen35-4b-train-100-round-{r:03d}",
+                            "WANDB_RESUME": "allow"}
 
 
 @pytest.mark.parametrize("r", [0, 1])
