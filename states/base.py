@@ -175,6 +175,41 @@ class RoundContext:
         self.emit("run.archived", path=str(dst), reason=why)
         return dst
 
+    def train_end(self) -> float | None:
+        """When this round's TRAIN ended (wall clock): the commit of its final checkpoint
+        (``common.pt``, else ``metadata.json``'s mtime, as EXPORT_HF judges it), else the EXPORT_HF
+        record's mtime (written after it); None when neither is on disk."""
+        c = ckpt.scan(self.layout.save_dir).get(self.end_iteration)
+        if c is not None:
+            try:
+                return (Path(c.path) / "common.pt").stat().st_mtime
+            except OSError:
+                if c.committed_at is not None:
+                    return c.committed_at
+        try:
+            return self.record_path("export").stat().st_mtime
+        except OSError:
+            return None
+
+    def analysis_summary(self) -> Path | None:
+        """This round's ``analysis_summary.json`` when it may be used: written at or after this
+        round's TRAIN end. An older one (left by an earlier campaign in a merged ``runs/``, or by
+        an earlier training of this round) is renamed aside in its dir (never deleted) and
+        journaled, so ``analyze`` runs again. None when there is none to use; one whose TRAIN end
+        cannot be found is used (there is nothing to compare it with)."""
+        path = self.plan.analysis_dir / "analysis_summary.json"
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        end = self.train_end()
+        if end is None or mtime >= end:
+            return path
+        dst = self.archive(path, "older than this round's TRAIN end")
+        self.emit("analysis.stale", path=str(path), archived=str(dst), summary_mtime=mtime, train_end=end,
+                  note="analyze runs again")
+        return None
+
     async def await_child(self, role: str, timeout: float | None) -> bool:
         """Let the live child of ``role`` finish (one started by an earlier stage, or left
         running by a crashed daemon and adopted now); False when there is none."""

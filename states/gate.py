@@ -2,7 +2,8 @@
 
 Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the compile is
 overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts, read by
-the real tool's rules (``daemon/foundation/toolfiles.py``): no ``status`` on success; ``failed`` means a
+the real tool's rules (``daemon/foundation/toolfiles.py``), and only when it is newer than this
+round's TRAIN end (an older one, e.g. from a merged ``runs/``, is archived and analyze reruns): no ``status`` on success; ``failed`` means a
 fallback pool of the current skills and no proposal ledger (the round keeps the previous
 history ledger, and says so); a success-shaped summary with 0 candidates and only analyst
 errors is a "silent empty" analysis (journaled, recorded, ``gate.empty_analysis`` decides).
@@ -51,7 +52,7 @@ async def run(ctx: RoundContext) -> Outcome:
     gate_dir = ctx.plan.gate_dir
     if cfg.analyze_command:
         await ctx.await_child(ChildRole.ANALYZE, cfg.timeout)  # started by VAL (overlap), or left running
-        if not (analysis_dir / "analysis_summary.json").is_file():
+        if ctx.analysis_summary() is None:  # none, or older than TRAIN's end (archived, rerun)
             problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before analyze")
             if problem:
                 return Outcome.retry(problem)

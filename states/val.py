@@ -159,5 +159,6 @@ def _done(ctx: RoundContext, summary: BareSummary) -> Outcome:
 
 
 def _analysis_done(ctx: RoundContext) -> bool:
-    return (ctx.plan.analysis_dir / "analysis_summary.json").is_file()
+    """A usable analysis of this round is on disk (a stale one is archived here)."""
+    return ctx.analysis_summary() is not None
 

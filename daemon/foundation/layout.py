@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +262,9 @@ class Layout:
         """Create the campaign, experiment and cache trees, and the managed runs/ link."""
         for sub in EXP_SUBDIRS:
             (self.exp_dir / sub).mkdir(parents=True, exist_ok=True)
+        owner = self.runs / RUNS_OWNER
+        if not owner.exists():  # validation refused a foreign runs/ before this point: it is ours
+            owner.write_text(f"{cfg.campaign.name}/{cfg.campaign.experiment}\n")
         for sub in CACHE_SUBDIRS:
             (self.cache_root / sub).mkdir(parents=True, exist_ok=True)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -281,9 +285,30 @@ class Layout:
                 return
             link.unlink()
         elif link.exists():
-            raise ConfigError(
-                f"{link}: is a real directory in the checkout, so the tools' output would land in the repo; "
-                f"fix: move it to {target} (mv {link} {target}) and rerun, or set storage.manage_runs_link = false"
-            )
+            raise ConfigError(runs_dir_message(link))
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target, target_is_directory=True)
+
+
+def runs_aside(link: Path, when: float | None = None) -> Path:
+    """Where a real ``<project_root>/runs`` goes out of the way: ``runs.pre-shoprld-<date>`` beside
+    it. Never into the experiment: a previous campaign's checkpoints nested in ``$EXP_DIR`` are
+    out of retention's sight, and its round dirs would be read as this campaign's."""
+    return link.with_name(f"{link.name}.pre-shoprld-{time.strftime('%Y%m%d', time.localtime(when))}")
+
+
+# Written into $EXP_DIR/runs when shoprld makes (or first uses) it: a runs/ without it that already
+# holds files was put there by hand (a previous campaign's), not written by this campaign.
+RUNS_OWNER = ".shoprld-campaign"
+
+RUNS_DIR_PROBLEM = "is a real directory in the checkout, so the tools' output would land in the repo"
+
+
+def runs_dir_fix(link: Path) -> str:
+    """The fix for a real ``runs/`` directory where shoprld's link must go."""
+    return f"move it aside (mv {link} {runs_aside(link)}) and rerun, or set storage.manage_runs_link = false"
+
+
+def runs_dir_message(link: Path) -> str:
+    """The one line for a real ``runs/`` directory where shoprld's link must go."""
+    return f"{link}: {RUNS_DIR_PROBLEM}; fix: {runs_dir_fix(link)}"

@@ -440,7 +440,7 @@ def git_info(repo: Path, timeout: float = 5.0) -> dict[str, str]:
 
     def git(*args: str) -> str:
         try:
-            res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+            res = subprocess.run(["git", "--no-optional-locks", "-C", str(repo), *args], capture_output=True, text=True,
                                  timeout=timeout, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return ""

@@ -135,7 +135,8 @@ def git_doc(repo: Path) -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10,
+            res = subprocess.run(["git", "--no-optional-locks", "-C", str(repo), *args], capture_output=True,
+                                 text=True, timeout=10,
                                  stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return ""

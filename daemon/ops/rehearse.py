@@ -238,6 +238,11 @@ class _RunsLink:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.target = os.readlink(path) if path.is_symlink() else None
+        try:  # the project root's own times: adding and removing the link moves its mtime
+            st = path.parent.stat()
+            self.parent_times: tuple[int, int] | None = (st.st_atime_ns, st.st_mtime_ns)
+        except OSError:
+            self.parent_times = None
 
     def restore(self) -> None:
         if not self.path.is_symlink():
@@ -245,6 +250,11 @@ class _RunsLink:
         self.path.unlink()
         if self.target is not None:
             self.path.symlink_to(self.target, target_is_directory=True)
+        if self.parent_times is not None:
+            try:  # `ls -la` of the project root then shows what it showed before the rehearsal
+                os.utime(self.path.parent, ns=self.parent_times)
+            except OSError:
+                pass
 
 
 # -- the verdicts ---------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from shoprld.daemon.foundation.layout import runs_aside
+
 DEFAULT_ALLOWED = ("reports/shoprld", ".env")
 CACHE_DIRS = (".cache", "wandb", "__pycache__", ".triton", ".ray", "ray_results", "huggingface", ".huggingface")
 WEIGHT_GLOBS = ("*.safetensors", "*.pt", "*.pth", "*.distcp", "*.ckpt")
@@ -61,7 +63,8 @@ class HygieneWarning:
         if self.kind == "budget":
             return (f"repo hygiene: the scan ran out of its time budget; {self.count} untracked paths in "
                     f"{self.path} were not sized; fix: look at `git status --ignored` there")
-        fix = ("move it to the experiment dir and make runs a symlink (storage.manage_runs_link)"
+        fix = (f"move it aside (mv {self.path} {runs_aside(self.path)}); shoprld then makes runs a symlink "
+               "into the experiment (storage.manage_runs_link)"
                if self.kind == "runs-dir" else
                "move it under /ephemeral (the campaign root or the shared cache) and point the tool there")
         return f"repo hygiene: {what}: {self.path} ({size}); fix: {fix}"
@@ -104,7 +107,8 @@ def _git_entries(repo: Path, timeout: float) -> list[str] | None:
     """Untracked and ignored paths as git lists them (dirs collapsed), or None if not git."""
     try:
         res = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal"],
+            # --no-optional-locks: a plain status refreshes and rewrites .git/index in the user's checkout.
+            ["git", "--no-optional-locks", "-C", str(repo), "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal"],
             capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):

@@ -15,8 +15,11 @@ stays queued on the server (a ghost waiter) and takes a slot at that ``release_a
 one frees it. If slots are still short, ShopSim is restarted when it is ours; an adopted one
 fails the campaign with a line that says what to do.
 
-The real ``start.sh`` ``cd``s into its checkout and the service appends every request to
-``shop_agent.log`` there: like ``runs/``, that name is made a symlink into ``$EXP_DIR/logs``.
+The real ``start.sh`` ``cd``s into its own directory and the service appends every request to
+``shop_agent.log`` in that cwd: neither our cwd nor an env var moves it. So the user's checkout is
+never touched: ShopSim runs from a copy of the checkout's ``start.sh`` in
+``$EXP_DIR/logs/shopsim/`` (:func:`launcher`), pointed back at the checkout through the
+variables the real script honours, and the log grows there.
 
 ShopSim also vouches for checkpoints. A rollout that ran while ShopSim was dead scores only
 some of its groups, and the trainer (like slime, which aborts only after 8 unscored groups in
@@ -36,6 +39,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,6 +110,9 @@ SUPERVISE_INTERVAL = _supervise_interval()
 WAKE_AT_EXIT = not os.environ.get("SHOPRLD_TEST_SUPERVISE_INTERVAL")
 # The file the real service appends every request to, in its cwd (start.sh cds into shop_env).
 SERVICE_LOG = "shop_agent.log"
+# The script a ShopSim checkout is started with, and where shoprld runs its copy ($EXP_DIR/logs/...).
+LAUNCHER = "start.sh"
+LAUNCHER_DIR = "shopsim"
 
 
 class ShopsimService:
@@ -263,8 +270,14 @@ class ShopsimService:
             addr, port = host_port(cfg.url, 5700)
             if not await wait_port_free(addr, port, timeout=min(30.0, cfg.start_timeout)):
                 return f"{addr}:{port} is held by something that is not a ready ShopSim; free the port"
-            _redirect_service_log(plan, host)
-            self.child = await host.spawn(plan, ChildRole.SHOPSIM, cfg.command, cfg, state="SHOPSIM")
+            try:
+                launch = launcher(plan)
+            except OSError as exc:
+                return f"cannot copy ShopSim's start.sh into {plan.layout.logs / LAUNCHER_DIR}: {exc}"
+            if launch.copied_from is not None:
+                host.emit("shopsim.launcher", copy=str(launch.copied_from), log=str(launch.log))
+            self.child = await host.spawn(plan, ChildRole.SHOPSIM, launch.template, cfg, state="SHOPSIM",
+                                          extra_env=launch.env)
         deadline = host.clock.monotonic() + cfg.start_timeout
         while host.clock.monotonic() < deadline:
             if await self.health(plan, host) is not None:
@@ -388,39 +401,79 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def service_dir(plan: RoundPlan) -> Path | None:
-    """The directory the service runs in (and writes ``shop_agent.log`` to): the directory of a
-    ``start.sh`` in the command (it ``cd``s there), else ``shopsim.cwd``."""
+def start_script(cfg_command: Sequence[str], argv: Sequence[str], cwd: Path) -> tuple[int, Path] | None:
+    """(template index, path) of the ``start.sh`` a ShopSim command runs, a relative one taken
+    against ``cwd`` (``shopsim.cwd``: the child's cwd), never shoprld's own. ``argv`` is the
+    command expanded element by element (same length as ``cfg_command``). A bare ``start.sh``
+    as the program is a PATH lookup, not a file here; a shell line (``bash -c "... start.sh"``)
+    is not a path either, and runs as configured."""
+    for i, arg in enumerate(argv):
+        if Path(arg).name == LAUNCHER and (i > 0 or "/" in arg) and not any(ch in arg for ch in _SHELL):
+            path = Path(arg)
+            return i, path if path.is_absolute() else cwd / path
+    return None
+
+
+_SHELL = frozenset(" \t\n;&|$`<>()")
+
+
+def _expanded(plan: RoundPlan) -> list[str]:
+    values = plan.resolve().values
+    return [arg.format_map(dict(values)) for arg in plan.cfg.shopsim.command]
+
+
+def service_cwd(plan: RoundPlan) -> Path:
+    """The directory the ShopSim child is started in (as every child: its ``cwd`` or the project root)."""
+    return plan.cfg.shopsim.cwd or plan.layout.project_root
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How ShopSim is started: the argv template, the extra environment, where its log grows."""
+
+    template: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    log: Path | None = None  # where the service writes shop_agent.log (read it there)
+    copied_from: Path | None = None  # the user's start.sh that was copied (None: run as configured)
+
+
+def launcher(plan: RoundPlan) -> Launch:
+    """Run a ``start.sh`` command from a copy of the script in ``$EXP_DIR/logs/shopsim/``.
+
+    The real script sets ``SHOP_ENV_ROOT`` to its own directory, ``cd``s there and runs ``python
+    -m shop_env.pack_api``, which opens ``shop_agent.log`` relative to that cwd. A copy elsewhere
+    keeps the user's own edits (conda activation, defaults) while the log lands in the copy's
+    directory. The copy is pointed back at the checkout with what the script honours:
+    ``SHOP_SEARCH_INDEX`` and ``SHOP_ENV_CONFIG`` (unless the recipe sets them), ``PYTHONPATH``
+    (so ``-m shop_env.pack_api`` imports from the checkout; pack_api finds the rest from its
+    ``__file__``), and ``PYTHONDONTWRITEBYTECODE`` so no ``__pycache__`` is written into the
+    checkout. Copied at every start, so an edit of the user's script is picked up. A command
+    without a ``start.sh`` runs as configured (its log is wherever that program writes it)."""
     cfg = plan.cfg.shopsim
-    for arg in plan.resolve().argv(cfg.command):
-        if Path(arg).name == "start.sh":
-            return Path(arg).resolve().parent
-    return cfg.cwd
-
-
-def _redirect_service_log(plan: RoundPlan, host: ServiceHost) -> None:
-    """Make ``<service dir>/shop_agent.log`` a symlink to ``$EXP_DIR/logs/shop_agent.log`` (as
-    ``runs/`` is redirected), so the request log never grows inside the checkout. A real file
-    already there is moved next to the target first. Best effort: a read-only checkout is
-    logged, not fatal."""
-    where = service_dir(plan)
-    if where is None or not where.is_dir():
-        return
-    link = where / SERVICE_LOG
-    target = plan.layout.logs / SERVICE_LOG
-    try:
-        if link.is_symlink():
-            if Path(os.readlink(link)) == target:
-                return
-            link.unlink()
-        elif link.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(link), str(target.with_name(f"{SERVICE_LOG}.moved-{int(host.clock.time())}")))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target)
-        host.emit("shopsim.log_redirected", link=str(link), target=str(target))
-    except OSError as exc:
-        host.emit("shopsim.log_redirect_failed", link=str(link), error=str(exc))
+    cwd = service_cwd(plan)
+    found = start_script(cfg.command, _expanded(plan), cwd)
+    if found is None:
+        return Launch(tuple(cfg.command), log=cwd / SERVICE_LOG)
+    index, script = found
+    checkout = script.resolve().parent
+    dest_dir = plan.layout.logs / LAUNCHER_DIR
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    copy = dest_dir / LAUNCHER
+    tmp = dest_dir / f".{LAUNCHER}.tmp"
+    shutil.copy2(script, tmp)  # mode too: the copy runs as the original does
+    tmp.replace(copy)
+    template = list(cfg.command)
+    template[index] = str(copy).replace("{", "{{").replace("}", "}}")  # a literal through format_map
+    child_env = plan.resolve().env(cfg)
+    env: dict[str, str] = {}
+    for key, default in (("SHOP_SEARCH_INDEX", checkout / "search_engine" / "products.sqlite3"),
+                         ("SHOP_ENV_CONFIG", checkout / "configs" / "environment.json")):
+        if key not in child_env:
+            env[key] = str(default)
+    before = child_env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(checkout) + (os.pathsep + before if before else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return Launch(tuple(template), env, dest_dir / SERVICE_LOG, script)
 
 
 def _read_witness(path: Path | None) -> dict[str, Any] | None:

@@ -34,8 +34,10 @@ from shoprld.daemon.foundation import disk
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.identity import has_state
+from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, RUNS_OWNER, Layout, runs_aside, runs_dir_fix
 from shoprld.daemon.round.plan import resolve
+from shoprld.daemon.services.shopsim import start_script
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # RAM-backed filesystems: whatever lands there is gone at the next reboot.
@@ -74,6 +76,7 @@ def problems(cfg: Config, layout: Layout, *, mountinfo: Path = MOUNTINFO) -> lis
     out.extend(_layout(cfg, layout, mountinfo))
     out.extend(_disk_floors(cfg, layout))
     out.extend(_state_dir(cfg, layout))
+    out.extend(_foreign_runs(cfg, layout))
     seen: set[str] = set()  # several stages share one conda env: say it once
     return [p for p in out if not (p.line() in seen or seen.add(p.line()))]  # type: ignore[func-returns-value]
 
@@ -203,6 +206,14 @@ def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
                               "install bash, or remove the conda_prefix")
                 continue
             search = f"{prefix / 'bin'}{os.pathsep}{search}"
+        if key == "shopsim.command" and cfg.shopsim.manage:
+            script = start_script(template, [a.format_map(values) for a in template], cwd)
+            if script is not None and not script[1].is_file():
+                yield Problem(src, f"{key}[{script[0]}]",
+                              f"{script[1]} does not exist (a relative start.sh is taken against shopsim.cwd {cwd})",
+                              repr(template[script[0]]),
+                              "set shopsim.cwd to the ShopSim checkout's shop_env dir, or give start.sh's full path")
+                continue
         if "/" in prog:
             path = Path(prog) if Path(prog).is_absolute() else cwd / prog
             if not _is_executable(path):
@@ -349,3 +360,32 @@ def _state_dir(cfg: Config, layout: Layout) -> Iterator[Problem]:
         what = "is not writable" if target == want else f"cannot be created ({target} is not writable)"
         yield Problem(src, key, what, str(want),
                       f"chmod u+rwx {target}, or choose a writable state dir (storage.state_dir)", "environment")
+
+
+def _foreign_runs(cfg: Config, layout: Layout) -> Iterator[Problem]:
+    """A real ``<project_root>/runs`` where the managed link must go (move it aside, never into
+    the experiment: see :func:`runs_aside`). And a fresh campaign (no state of its own yet) whose
+    ``$EXP_DIR/runs`` already holds files and lacks shoprld's mark (:data:`RUNS_OWNER`):
+    a previous campaign's, or a checkout's ``runs/`` moved in. Its round dirs would be taken for
+    this campaign's (an old ``analysis_summary.json``, a gate result), so refuse before anything
+    is written."""
+    link = layout.project_root / "runs"
+    if cfg.storage.manage_runs_link and not link.is_symlink() and link.is_dir():
+        # Layout.ensure_runs_link refuses it too, but only after the layout exists: say it first.
+        yield Problem(cfg.source, "storage.project_root", f"{link} {RUNS_DIR_PROBLEM}", str(link),
+                      runs_dir_fix(link), "environment")
+    if has_state(layout.state_dir):
+        return
+    runs = layout.runs
+    try:
+        if runs.is_symlink() or not runs.is_dir() or (runs / RUNS_OWNER).exists() \
+                or next(runs.iterdir(), None) is None:
+            return
+    except OSError:
+        return
+    yield Problem(cfg.source, "campaign.experiment",
+                  f"{runs} already holds tool output that this campaign did not write (no {RUNS_OWNER} in it, "
+                  f"no state in {layout.state_dir}): another campaign's runs/, or a checkout's moved in; its "
+                  "round dirs would be read as this campaign's", str(runs),
+                  f"move it aside (mv {runs} {runs_aside(runs)}), or give this campaign another "
+                  "campaign.experiment", "environment")

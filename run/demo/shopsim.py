@@ -697,6 +697,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self.server.is_ready():
             c.send_reply(self, 503, {"result": {"error": "environments are not ready (DEMO_SHOPSIM_NEVER_READY)"}})
             return
+        agent_log(f"[Request] action={req.get('action')!r} env_idx={req.get('env_idx')!r}")
         try:
             result = self.server.shop.handle(req)
         except BadRequest as exc:
@@ -730,21 +731,41 @@ class ShopServer(ThreadingHTTPServer):
         return not self.never_ready
 
 
+# --agent-log PATH: append every request to PATH (relative: to the cwd), as the real pack_api's
+# logging.FileHandler("shop_agent.log") does in the dir its start.sh cds into. Off by default, so
+# the demo campaign writes nothing in its cwd; the start.sh stand-in in tests turns it on.
+_AGENT_LOG: Any = None
+_AGENT_LOG_LOCK = threading.Lock()
+
+
+def agent_log(message: str) -> None:
+    if _AGENT_LOG is not None:
+        with _AGENT_LOG_LOCK:
+            _AGENT_LOG.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [INFO] {message}\n")
+            _AGENT_LOG.flush()
+
+
 def parse_argv(argv: list[str]) -> str | None:
+    global _AGENT_LOG
     catalog = os.environ.get("SHOPSIM_CATALOG") or None
     it = iter(argv)
     for arg in it:
-        if arg == "--catalog":
+        if arg == "--agent-log":
+            where = next(it, None)
+            if not where:
+                raise c.DemoError("--agent-log needs a path: --agent-log PATH", 2)
+            _AGENT_LOG = open(where, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+        elif arg == "--catalog":
             catalog = next(it, None)
             if not catalog:
                 raise c.DemoError("--catalog needs a path: --catalog PATH", 2)
         elif arg.startswith("--catalog="):
             catalog = arg.split("=", 1)[1]
         elif arg in ("-h", "--help"):
-            print("usage: shopsim.py [--catalog PATH]   (env: SHOPSIM_ENV_SLOTS, SHOPSIM_PORT, SHOPSIM_HOST)")
+            print("usage: shopsim.py [--catalog PATH] [--agent-log PATH]   (env: SHOPSIM_ENV_SLOTS, SHOPSIM_PORT, SHOPSIM_HOST)")
             raise SystemExit(0)
         else:
-            raise c.DemoError(f"unknown argument {arg!r}; usage: shopsim.py [--catalog PATH]", 2)
+            raise c.DemoError(f"unknown argument {arg!r}; usage: shopsim.py [--catalog PATH] [--agent-log PATH]", 2)
     return catalog
 
 
@@ -772,6 +793,7 @@ def main() -> int:
         srv = ShopServer((host, port or 0), shop, c.env_flag("DEMO_SHOPSIM_NEVER_READY"), runs_root)
     except OSError as exc:
         raise c.DemoError(f"cannot bind {host}:{port}: {exc.strerror or exc}", 1) from None
+    agent_log(f"serving {slots} slots on port {srv.server_address[1]}")
     log(f"serving on http://{host}:{srv.server_address[1]} slots={slots} tasks={len(catalog.tasks)} "
         f"catalog={catalog_path} pid={os.getpid()}")
     try:
