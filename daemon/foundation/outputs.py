@@ -53,15 +53,25 @@ class Protected:
     _ids: frozenset[tuple[int, int]] = field(default=frozenset(), compare=False)
 
     @classmethod
-    def of(cls, files: Iterable[Path | None] = (), dirs: Iterable[Path | None] = ()) -> Protected:
-        """Resolve every path now (a later symlink swap cannot hide one) and note inodes."""
+    def of(cls, files: Iterable[Path | None] = (), dirs: Iterable[Path | None] = (),
+           scan: Iterable[Path] = ()) -> Protected:
+        """Resolve every path now (a later symlink swap cannot hide one) and note the inodes of
+        ``files`` and of the files directly in ``scan`` (a hard link elsewhere is caught too)."""
         fs = tuple(Path(os.path.realpath(p)) for p in files if p is not None)
         ds = tuple(Path(os.path.realpath(p)) for p in dirs if p is not None)
         ids: set[tuple[int, int]] = set()
-        for p in fs:
+        inside: list[Path] = []
+        for d in scan:
             try:
-                st = os.stat(p)
+                inside.extend(e for e in Path(d).iterdir())
             except OSError:
+                continue
+        for p in (*fs, *inside):
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
                 continue
             ids.add((st.st_dev, st.st_ino))
         return cls(fs, ds, _ids=frozenset(ids))
@@ -84,7 +94,8 @@ def campaign_files(config_source: Path | None, layout: Layout) -> Protected:
     dir), and everything under its state dir, logs, checkpoints and artifacts."""
     return Protected.of(files=(config_source, layout.env_file, layout.ledger),
                         dirs=(layout.state_dir, layout.logs, layout.save_dir, layout.artifacts,
-                              layout.campaign_root / "ledger"))
+                              layout.campaign_root / "ledger"),
+                        scan=(layout.state_dir, layout.campaign_root / "ledger"))
 
 
 def resolve_output(path: Path, protected: Protected = Protected(), *, what: str = "output") -> Path:
