@@ -131,6 +131,11 @@ def _read_bundle(bundle: Path) -> dict[str, bytes]:
                     if len(data) != m.size:
                         raise _bad_bundle(bundle, f"member {name[:200]!r} is cut short (truncated bundle)")
                     out[rel] = data
+            # tarfile stops quietly at a header cut short after the first: a whole archive
+            # ends in a zero block where the next header would be, a truncated one does not.
+            tar.fileobj.seek(tar.offset)  # type: ignore[union-attr]
+            if tar.fileobj.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:  # type: ignore[union-attr]
+                raise _bad_bundle(bundle, "truncated archive (no end-of-archive block)")
         except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
             raise _bad_bundle(bundle, f"truncated or corrupt archive ({type(exc).__name__}: {exc})") from None
     if "manifest.json" not in out:
