@@ -249,3 +249,43 @@ def test_a_regular_file_swapped_for_another_is_not_replaced(swap: Path) -> None:
         write_output(swap, fill)
     assert swap.read_text() == "someone else's"
     _no_temp(swap.parent)
+
+
+# -- install-service: the unit can write what the config writes ------------------------------
+
+
+def _with_textfile(tmp_path: Path, textfile: str) -> Path:
+    campaign = create_tree(tmp_path / "t", fast=True, rounds=1)
+    campaign.write_text(campaign.read_text() + f'\n[metrics]\ntextfile = "{textfile}"\n')
+    return campaign
+
+
+def _rw(text: str) -> list[str]:
+    return next(line for line in text.splitlines() if line.startswith("ReadWritePaths=")).split("=", 1)[1].split()
+
+
+@pytest.mark.parametrize("where", ["/var/lib/node_exporter/textfile/shoprld.prom", "/srv/metrics/x/y.prom",
+                                   "/opt/prom dir/shoprld.prom"])
+def test_unit_makes_the_textfile_dir_writable(where: str, tmp_path: Path) -> None:
+    """The README's node_exporter path (and odd ones): its dir is in ReadWritePaths= under
+    ProtectSystem=strict, so the daemon's temp file + rename works under the unit."""
+    from shoprld.daemon.ops import unit as service
+
+    text = service.render(_with_textfile(tmp_path, where), user=False, command=["/usr/bin/true"]).text
+    assert "ProtectSystem=strict" in text
+    d = str(Path(where).parent)
+    assert any(w.strip('"') == f"-{d}" for w in _rw(text)) or f'"-{d}"' in text, _rw(text)
+
+
+@pytest.mark.parametrize("where", ["/shoprld.prom", "/etc/shoprld.prom", "/usr/shoprld.prom", "/var/x.prom"])
+def test_unit_refuses_a_textfile_that_would_open_a_system_dir(where: str, tmp_path: Path) -> None:
+    """A textfile directly in /, /etc, /usr, /var: the unit would have to undo ProtectSystem= for
+    the whole tree; refused in one line naming the key (this host may run no systemd, so the
+    renderer is called as install-service calls it)."""
+    from shoprld.daemon.foundation.errors import ConfigError
+    from shoprld.daemon.ops import unit as service
+
+    with pytest.raises(ConfigError) as exc:
+        service.render(_with_textfile(tmp_path, where), user=False, command=["/usr/bin/true"])
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith("metrics.textfile = ") and "fix:" in line
