@@ -34,6 +34,7 @@ from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import COLUMNS, format_rows, parse_rows
+from shoprld.daemon.foundation.outputs import write_output
 from shoprld.daemon.ops.oneshot import LifecycleError, OneShotLock, inside_or_equal, refuse_if_running, strictly_inside
 from shoprld.daemon.foundation.paths import default_state_dir
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
@@ -392,7 +393,8 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
         with OneShotLock(new_state, "import-campaign") as store:
             if not cfg_same:
                 cfg_out.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(cfg_out, text.encode())
+                # re-checked at the rename: a FIFO or device put there since is never replaced
+                write_output(cfg_out, text.encode(), what="campaign file")
             counts = _restore(files, rp, layout, plan)
             # The explicit adoption (issue 15): the restored state now belongs to the re-pointed campaign.
             identity.write(layout.state_dir, identity.expected(cfg.campaign.name, cfg.campaign.experiment,
