@@ -102,7 +102,8 @@ def write_template(path: Path, *, force: bool = False) -> None:
     """
     # A .env holds the secrets: `init .env --force` (or through a symlink) is a slip, never a template.
     if path.name == ".env" or Path(os.path.realpath(path)).name == ".env":
-        raise ConfigError(f"{path}: is a .env secrets file, never overwritten by the template; fix: choose another path")
+        raise ConfigError(f"{path}: is a .env secrets file, never overwritten by the template; "
+                          "fix: choose another path")
     try:
         st = os.stat(path)
     except FileNotFoundError:
