@@ -56,7 +56,7 @@ def textfile_problem(textfile: Path | None, protected: Protected) -> str | None:
     if textfile is None:
         return None
     try:
-        resolve_output(textfile, protected, what="metrics textfile")
+        resolve_output(textfile, protected, what="metrics textfile", need_parent=False)  # write() makes it
     except OutputPathError as exc:
         return f"metrics.textfile: {exc}"
     return None

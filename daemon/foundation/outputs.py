@@ -98,8 +98,10 @@ def campaign_files(config_source: Path | None, layout: Layout) -> Protected:
                         scan=(layout.state_dir, layout.campaign_root / "ledger"))
 
 
-def resolve_output(path: Path, protected: Protected = Protected(), *, what: str = "output") -> Path:
+def resolve_output(path: Path, protected: Protected = Protected(), *, what: str = "output",
+                   need_parent: bool = True) -> Path:
     """The real path ``path`` writes to, or one line (exit 3) saying why it must not be written.
+    ``need_parent=False``: a missing parent dir is fine (the writer makes it).
 
     Checks only; :func:`write_output` checks again at the moment it writes."""
     real = Path(os.path.realpath(path))
@@ -117,7 +119,7 @@ def resolve_output(path: Path, protected: Protected = Protected(), *, what: str 
     if owner is not None:
         raise OutputPathError(f"{shown}: is {protected.why} ({owner}), never overwritten by the {what}; "
                               "fix: pass another path")
-    if not real.parent.is_dir():
+    if need_parent and not real.parent.is_dir():
         raise OutputPathError(f"{real.parent}: no such directory for the {what}; "
                               f"fix: `mkdir -p {real.parent}` or pass another path")
     return real

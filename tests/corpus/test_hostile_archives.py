@@ -90,7 +90,6 @@ def test_gzip_bomb_refused_at_its_header_with_bounded_rss(tmp_path: Path) -> Non
 
 def test_many_members_under_the_member_cap_hit_the_total_cap(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    info = tarfile.TarInfo(f"{BUNDLE_TOP}/exp/runs/a")
     parts = []
     for i in range(3):
         info = tarfile.TarInfo(f"{BUNDLE_TOP}/exp/runs/{i}")

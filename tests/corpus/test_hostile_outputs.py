@@ -190,6 +190,15 @@ def test_textfile_refused_by_check_and_never_replaced_by_a_write(kind: str, tree
     _no_temp(tmp_path)
 
 
+def test_a_textfile_in_a_dir_not_made_yet_is_fine(tmp_path: Path) -> None:
+    """The writer makes the textfile's dir: check does not ask for it."""
+    pytest.importorskip("prometheus_client")
+    path = tmp_path / "not" / "yet" / "shoprld.prom"
+    assert textfile_problem(path, Protected()) is None
+    TextfileMetrics(path, "c").write({"state": "TRAIN", "round": 0}, {})
+    assert "shoprld_state" in path.read_text()
+
+
 def test_textfile_on_the_campaigns_own_files_is_a_check_problem(tree: Path) -> None:
     layout = Layout.from_config(load_config(tree))
     own = campaign_files(tree, layout)
