@@ -47,6 +47,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation import disk as diskmod
 from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_DISK, EXIT_OK, NoSpace, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import ensure, expected
+from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
                                         StageOutcome, StopRequested, TaskFailed)
@@ -112,7 +113,8 @@ class Engine:
         # Operator notifications (webhook/Slack/ntfy), sent by a task of their own.
         self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal,
                              transport=transport, marker=notify_marker)
-        metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name) if cfg.metrics.textfile is not None else None
+        metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name, campaign_files(cfg.source, layout)) \
+            if cfg.metrics.textfile is not None else None
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
         self.attempts = Attempts(layout, self.redactor, self._journal)
@@ -493,7 +495,8 @@ class Engine:
         self.cfg = new
         self.base_env = self.layout.child_env(new)
         self.alerts.reconfigure(new.notify, self.secrets)
-        self.view.metrics = TextfileMetrics(new.metrics.textfile, new.campaign.name) \
+        self.view.metrics = TextfileMetrics(new.metrics.textfile, new.campaign.name,
+                                            campaign_files(new.source, self.layout)) \
             if new.metrics.textfile is not None else None
         self._journal("config.reloaded", changed=list(r.changed))
         log.info("config.reload", source=str(new.source), changed=list(r.changed))

@@ -1,8 +1,10 @@
 """Prometheus metrics as a node_exporter textfile (``[metrics] textfile = "PATH"``).
 
 The engine calls :meth:`TextfileMetrics.write` with the status document at every status
-update; prometheus-client's ``write_to_textfile`` writes a temp file beside PATH and renames
-it, so node_exporter never reads half a file. prometheus-client is the optional extra
+update; the text goes through the output-path opener (a temp file beside PATH, renamed), so
+node_exporter never reads half a file, and a PATH that is a device, a FIFO, a socket or a
+directory (``/dev/null`` as "metrics off") or one of the campaign's own files is refused by
+``check`` and at start (exit 3) and never replaced by a write. prometheus-client is the optional extra
 ``shoprld[metrics]``; :func:`extras_problem` turns its absence into one config line at
 ``check`` and ``run``. A failed write is logged and never stops the campaign.
 
@@ -28,6 +30,8 @@ from typing import Any
 
 import structlog
 
+from shoprld.daemon.foundation.outputs import OutputPathError, Protected, resolve_output, write_output
+
 log = structlog.get_logger("shoprld.metrics")
 
 STATES = ("PREFLIGHT_DISK", "START_SHOPSIM", "TRAIN", "EXPORT_HF", "VAL", "GATE", "INJECT", "NEXT_ROUND",
@@ -47,6 +51,17 @@ def extras_problem(textfile: Path | None) -> str | None:
     return None
 
 
+def textfile_problem(textfile: Path | None, protected: Protected) -> str | None:
+    """One line when ``metrics.textfile`` names something a write must not replace."""
+    if textfile is None:
+        return None
+    try:
+        resolve_output(textfile, protected, what="metrics textfile", need_parent=False)  # write() makes it
+    except OutputPathError as exc:
+        return f"metrics.textfile: {exc}"
+    return None
+
+
 def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else NAN
 
@@ -54,8 +69,8 @@ def _num(v: Any) -> float:
 class TextfileMetrics:
     """Writes the status document as a node_exporter textfile at ``path``."""
 
-    def __init__(self, path: Path, campaign: str) -> None:
-        self.path, self.campaign = path, campaign
+    def __init__(self, path: Path, campaign: str, protected: Protected = Protected()) -> None:
+        self.path, self.campaign, self.protected = path, campaign, protected
 
     def render(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> Any:
         """The registry for one status document (exposed for tests)."""
@@ -93,11 +108,14 @@ class TextfileMetrics:
         return reg
 
     def write(self, doc: Mapping[str, Any], counters: Mapping[str, int]) -> None:
-        """Write the textfile atomically (temp + rename); never raises."""
+        """Write the textfile atomically (temp + rename); never raises, never replaces a
+        non-regular file or one of the campaign's own (a node swapped in after start is
+        refused at this write, and logged)."""
         try:
-            from prometheus_client import write_to_textfile  # lazy: optional extra [metrics]
+            from prometheus_client import generate_latest  # lazy: optional extra [metrics]
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_to_textfile(str(self.path), self.render(doc, counters))
+            write_output(self.path, generate_latest(self.render(doc, counters)), self.protected,
+                         what="metrics textfile")
         except Exception as exc:  # ImportError, OSError: metrics must never stop the campaign
             log.warning("metrics.write_failed", path=str(self.path), error=f"{type(exc).__name__}: {exc}")

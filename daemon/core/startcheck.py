@@ -9,7 +9,8 @@ endpoints' URLs and tokens (daemon/foundation/endpoints.py) and the ``[metrics]`
 
 from __future__ import annotations
 
-from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.core.metrics import extras_problem, textfile_problem
+from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.errors import ConfigError
@@ -26,7 +27,8 @@ def start_problems(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
     except ConfigError as exc:
         out.append(str(exc))
     out.extend(endpoint_problems(cfg.notify, secrets, layout.env_file))
-    missing = extras_problem(cfg.metrics.textfile)
-    if missing:
-        out.append(missing)
+    for missing in (extras_problem(cfg.metrics.textfile),
+                    textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))):
+        if missing:
+            out.append(missing)
     return out

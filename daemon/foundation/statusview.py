@@ -112,6 +112,19 @@ def _style_for_state(state: Any) -> str:
     return "bold"
 
 
+# The config's ceiling on rounds (configvalues.MAX_ROUNDS; not imported: this module stays on
+# the standard library for status's speed budget) and on counts.
+ROUND_MAX = 10_000
+COUNT_MAX = 2**62
+
+
+def _sane_round(r: Mapping[str, Any]) -> bool:
+    """A finished round's row has a round index in 0..ROUND_MAX-1 (its numbers are shown as
+    ``-`` when not finite)."""
+    idx = r.get("round")
+    return isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < ROUND_MAX
+
+
 def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -157,6 +170,11 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     # state and round: `round 3/5 (round-002)` for the 0-based round 2
     rounds = _int(st.get("rounds"))
     rnd = _int(st.get("round"))
+    insane = [f"{k}={str(st.get(k))[:30]}" for k, hi in (("round", ROUND_MAX - 1), ("step", COUNT_MAX))
+              if not 0 <= _int(st.get(k)) <= hi]
+    if insane:  # a damaged status.json: shown as round 0 / step 0, with a note, never drawn as is
+        kv("skipped", (f"{', '.join(insane)} out of range; see the journal", "yellow"))
+        rnd = rnd if 0 <= rnd < ROUND_MAX else 0
     shown = min(rnd, rounds - 1) if rounds > 0 else rnd
     if state == NOT_STARTED:
         round_text = f"  {rounds} rounds planned"
@@ -167,6 +185,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
 
     # step progress, with the rate and the ETA
     step = _int(st.get("step"))
+    step = step if 0 <= step <= COUNT_MAX else 0
     spr = _int(st.get("steps_per_round"))
     if spr > 0 and state != NOT_STARTED:
         step_s = _num(st.get("step_seconds"))
@@ -243,12 +262,18 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     else:
         kv("children", ("none", "dim"))
 
-    # one row per finished round
-    done = _dicts(st.get("rounds_done"))
+    # one row per finished round; a row whose round index or numbers are out of any sane range
+    # (a damaged rounds.jsonl or status.json: `"round": 10**30`, NaN) is skipped with a note
+    done_all = _dicts(st.get("rounds_done"))
+    done = [r for r in done_all if _sane_round(r)]
+    if len(done) < len(done_all):
+        kv("skipped", (f"{len(done_all) - len(done)} finished round(s) with a round index out of range "
+                       f"(not 0..{ROUND_MAX - 1}); see rounds.jsonl", "yellow"))
     if done:
         rows = []
         for r in done:
             val = _num(r.get("val"))
+            val = val if val is not None and abs(val) <= COUNT_MAX else None  # NaN, inf: "-"
             gate = _str(r.get("gate"))
             analysis = _str(r.get("analysis"))
             if gate and analysis in ("failed", "silent_empty"):  # the analysis gave the gate nothing

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.store import atomic_write
+from shoprld.daemon.foundation.outputs import write_output
 
 TEMPLATE = '''\
 # shoprld campaign file. Validate with `shoprld check -c THIS_FILE`.
@@ -100,6 +100,10 @@ def write_template(path: Path, *, force: bool = False) -> None:
     Written to a private temp file beside it, then renamed: a full disk or a read-only dir
     never leaves half a template, and every failure is one line (exit 3).
     """
+    # A .env holds the secrets: `init .env --force` (or through a symlink) is a slip, never a template.
+    if path.name == ".env" or Path(os.path.realpath(path)).name == ".env":
+        raise ConfigError(f"{path}: is a .env secrets file, never overwritten by the template; "
+                          "fix: choose another path")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -116,7 +120,7 @@ def write_template(path: Path, *, force: bool = False) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # 0644: a template holds no secret, and is meant to be shared.
-        atomic_write(path, TEMPLATE.encode(), mode=0o644)
+        write_output(path, TEMPLATE.encode(), what="template", mode=0o644)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write the template ({exc.strerror}); "
                           "fix: choose a writable path") from None

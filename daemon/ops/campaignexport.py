@@ -22,7 +22,6 @@ import socket
 import stat
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.outputs import Protected, campaign_files, resolve_output, write_output
 from shoprld.daemon.ops.oneshot import (
     ROLLOUT_SAMPLES,
     Campaign,
@@ -170,6 +170,11 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
     _check_out_path(out_tar)
     camp = open_campaign(config_path)
     cfg, layout = camp.cfg, camp.layout
+    # Never the campaign file, .env, the ledger or a state file (`export-campaign campaign.toml`).
+    own = campaign_files(cfg.source, layout)
+    resolve_output(out_tar, own, what="bundle")
+    beside = out_tar.with_name(out_tar.name + ".MOVE_CHECKLIST.md")
+    resolve_output(beside, own, what="move checklist")
     refuse_if_running(layout.state_dir, "export-campaign")
     with OneShotLock(layout.state_dir, "export-campaign", redactor=camp.secrets.redactor):
         state = read_json(layout.state_dir / STATE_FILE)
@@ -218,9 +223,8 @@ def export_campaign(config_path: Path, out_tar: Path, *, out: TextIO | None = No
         checklist = move_checklist(manifest)
         members["MOVE_CHECKLIST.md"] = checklist.encode()
         members["manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-        _write_tar(out_tar, members)
-        beside = out_tar.with_name(out_tar.name + ".MOVE_CHECKLIST.md")
-        _write_private(beside, lambda fh: fh.write(checklist.encode()))
+        _write_tar(out_tar, members, own)
+        _write_private(beside, lambda fh: fh.write(checklist.encode()), own)
     size = out_tar.stat().st_size
     need = [i for i in items if i.required]
     out.write(f"exported {cfg.campaign.name} / {cfg.campaign.experiment} (state {state.get('state')}, "
@@ -251,31 +255,19 @@ def _check_out_path(out_tar: Path) -> None:
                              f"fix: `mkdir -p {parent}` or pass another path")
 
 
-def _write_private(path: Path, fill: Any) -> None:
+def _write_private(path: Path, fill: Any, own: Protected) -> None:
     """Create ``path`` through a 0600 temp file in its own dir (``fill(fileobj)`` writes it), fsync,
-    rename. On any failure the temp file is removed and the error is one line (a LifecycleError):
-    a bundle holds the campaign's state, so no half-written or world-readable copy stays behind."""
-    tmp: str | None = None
+    rename, never replacing a non-regular file or one of ``own`` (the output-path opener). On any
+    failure the temp file is removed and the error is one line: a bundle holds the campaign's
+    state, so no half-written or world-readable copy stays behind."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
-        with os.fdopen(fd, "wb") as fh:
-            fill(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_output(path, fill, own, what="bundle", mode=0o600)
     except OSError as exc:
         raise LifecycleError(f"{path}: cannot write ({exc.strerror or exc}); "
                              "fix: choose a writable place with free space") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
-def _write_tar(path: Path, members: Mapping[str, bytes]) -> None:
+def _write_tar(path: Path, members: Mapping[str, bytes], own: Protected) -> None:
     mode = "w:gz" if path.name.endswith((".tar.gz", ".tgz")) else "w"
     now = time.time()
 
@@ -287,7 +279,7 @@ def _write_tar(path: Path, members: Mapping[str, bytes]) -> None:
                 info.size, info.mtime, info.mode = len(data), int(now), 0o600
                 tar.addfile(info, io.BytesIO(data))
 
-    _write_private(path, fill)
+    _write_private(path, fill, own)
 
 
 def move_checklist(manifest: Mapping[str, Any]) -> str:

@@ -19,6 +19,7 @@ import stat
 import sys
 import tarfile
 import tomllib
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +34,7 @@ from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import COLUMNS, format_rows, parse_rows
+from shoprld.daemon.foundation.outputs import write_output
 from shoprld.daemon.ops.oneshot import LifecycleError, OneShotLock, inside_or_equal, refuse_if_running, strictly_inside
 from shoprld.daemon.foundation.paths import default_state_dir
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
@@ -82,22 +84,61 @@ class Repointer:
         return v
 
 
+# Caps on what a bundle may make this process hold (a bundle is outside data: a 7 MB .tar.gz can
+# declare a 1.5 GiB member of zeros). export-campaign writes small files (each file it bundles
+# from the experiment dir is at most 8 MiB; the journal is the big one), so these are generous
+# for a real bundle and refuse a bomb at its header, before a byte of it is decompressed.
+MEMBER_MAX = 256 * 1024**2  # any one member
+TOTAL_MAX = 512 * 1024**2  # all members together, as their headers declare them
+MEMBERS_MAX = 50_000  # members, counted as their headers are read (each costs a TarInfo)
+_USED = ("manifest.json", "MOVE_CHECKLIST.md", "config/", "state/", "ledger/", "exp/", "inputs/")
+
+
 def _read_bundle(bundle: Path) -> dict[str, bytes]:
+    """The members import uses, read one at a time (streamed, each within its declared size),
+    refusing in one line (exit 3) a bundle over a cap or truncated or corrupt (tar, tar.gz,
+    tar.bz2, tar.xz; a zip is not a bundle)."""
     try:
         tar = tarfile.open(bundle, "r:*")
-    except (OSError, tarfile.TarError) as exc:
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
         raise LifecycleError(f"{bundle}: not a readable bundle ({exc}); fix: pass the tar export-campaign wrote") \
             from None
     out: dict[str, bytes] = {}
+    total = count = 0
     with tar:
-        for m in tar.getmembers():
-            name = m.name
-            parts = Path(name).parts
-            if not m.isfile() or name.startswith("/") or ".." in parts or not parts or parts[0] != BUNDLE_TOP:
-                continue  # only plain files inside the bundle's own top dir: no links, no escapes
-            fh = tar.extractfile(m)
-            if fh is not None:
-                out["/".join(parts[1:])] = fh.read()
+        try:
+            while (m := tar.next()) is not None:
+                count += 1
+                if count > MEMBERS_MAX:
+                    raise _bad_bundle(bundle, f"more than {MEMBERS_MAX} members")
+                if not m.isfile():
+                    continue
+                if m.size > MEMBER_MAX:
+                    raise _bad_bundle(bundle, f"member {m.name[:200]!r} declares {human_bytes(m.size)}, over the "
+                                              f"{human_bytes(MEMBER_MAX)} a bundle member may hold")
+                total += m.size
+                if total > TOTAL_MAX:
+                    raise _bad_bundle(bundle, f"members declare more than {human_bytes(TOTAL_MAX)} in all")
+                name = m.name
+                parts = Path(name).parts
+                if name.startswith("/") or ".." in parts or len(parts) < 2 or parts[0] != BUNDLE_TOP:
+                    continue  # only plain files inside the bundle's own top dir: no links, no escapes
+                rel = "/".join(parts[1:])
+                if not rel.startswith(_USED):
+                    continue  # never read a member import does not use
+                fh = tar.extractfile(m)
+                if fh is not None:
+                    data = fh.read(m.size + 1)
+                    if len(data) != m.size:
+                        raise _bad_bundle(bundle, f"member {name[:200]!r} is cut short (truncated bundle)")
+                    out[rel] = data
+            # tarfile stops quietly at a header cut short after the first: a whole archive
+            # ends in a zero block where the next header would be, a truncated one does not.
+            tar.fileobj.seek(tar.offset)  # type: ignore[union-attr]
+            if tar.fileobj.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:  # type: ignore[union-attr]
+                raise _bad_bundle(bundle, "truncated archive (no end-of-archive block)")
+        except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+            raise _bad_bundle(bundle, f"truncated or corrupt archive ({type(exc).__name__}: {exc})") from None
     if "manifest.json" not in out:
         raise LifecycleError(f"{bundle}: no {BUNDLE_TOP}/manifest.json; fix: pass the tar export-campaign wrote")
     return out
@@ -352,7 +393,8 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
         with OneShotLock(new_state, "import-campaign") as store:
             if not cfg_same:
                 cfg_out.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(cfg_out, text.encode())
+                # re-checked at the rename: a FIFO or device put there since is never replaced
+                write_output(cfg_out, text.encode(), what="campaign file")
             counts = _restore(files, rp, layout, plan)
             # The explicit adoption (issue 15): the restored state now belongs to the re-pointed campaign.
             identity.write(layout.state_dir, identity.expected(cfg.campaign.name, cfg.campaign.experiment,

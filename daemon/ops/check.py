@@ -20,7 +20,8 @@ from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.core.metrics import extras_problem, textfile_problem
+from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
 from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, preflight_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
@@ -48,9 +49,10 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
         problems.append(str(exc))
     problems.extend(endpoint_problems(cfg.notify, secrets, layout.env_file))  # what a page would trip on
     problems.extend(state_dir_problems(layout.state_dir))  # a FIFO or a dir at a state file's name
-    missing = extras_problem(cfg.metrics.textfile)
-    if missing:
-        problems.append(missing)
+    for missing in (extras_problem(cfg.metrics.textfile),
+                    textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))):
+        if missing:
+            problems.append(missing)
     problems.extend(p.line() for p in preflight_problems(cfg, layout))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))

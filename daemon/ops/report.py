@@ -30,6 +30,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import math
 import platform
 import re
 import statistics
@@ -43,14 +44,15 @@ from typing import Any
 from shoprld import __version__
 
 from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.configvalues import MAX_ROUNDS
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger
+from shoprld.daemon.foundation.outputs import campaign_files, resolve_output, write_output
 from shoprld.daemon.foundation.paths import quick_read
 from shoprld.daemon.foundation.secrets import load_secrets
 from shoprld.daemon.foundation.status import collect
 from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
-from shoprld.daemon.foundation.store import atomic_write
 
 INSTALL_HINT = "pip install 'shoprld[report]'"
 FINAL = ("DONE", "STOPPED", "FAILED", "PAUSED_DISK")
@@ -129,8 +131,58 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool) -> dict[str, Any]:
-    """The timeline, marks, disk series, checkpoints and step times from journal records."""
+# What a journal record may hold and still be drawn: a round index below the config's ceiling,
+# a count (step, iteration, bytes) that is not negative nor beyond 2**62, a time in 2000..2099
+# (absolute: a clock that was ahead, or a journal read on a machine whose clock is behind, still
+# draws), finite numbers. A record outside these
+# (a hand-edited or damaged journal: `"round": 10**30` would build a label per round) is skipped
+# with a note, never drawn.
+ROUND_MAX = MAX_ROUNDS
+COUNT_MAX = 2**62
+T_MIN = 946_684_800.0  # 2000-01-01
+T_MAX = 4_102_444_800.0  # 2100-01-01
+_COUNTS = ("step", "iteration", "bytes", "free_bytes", "soft_limit_bytes", "hard_limit_bytes")
+_FLOATS = ("step_seconds", "latency_ms", "idle_s", "duration_seconds")
+
+
+def insane(rec: Mapping[str, Any]) -> str | None:
+    """Why the record's values are out of any sane range (None: they are not)."""
+    t = rec.get("t")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and not T_MIN <= t < T_MAX:
+        return f"t={str(t)[:40]} is not a time in 2000..2099"
+    r = rec.get("round")
+    if r is not None and not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r < ROUND_MAX):
+        return f"round={str(r)[:40]} is not a round index (0..{ROUND_MAX - 1})"
+    for key in _COUNTS:
+        v = rec.get(key)
+        if isinstance(v, bool) or (isinstance(v, int) and not 0 <= v <= COUNT_MAX) or \
+                (isinstance(v, float) and not (math.isfinite(v) and 0 <= v <= COUNT_MAX)):
+            return f"{key}={str(v)[:40]} is out of range"
+    for key in _FLOATS:
+        v = rec.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and 0 <= v <= COUNT_MAX):
+            return f"{key}={str(v)[:40]} is out of range"
+    return None
+
+
+def sane_rounds(rows: Sequence[Mapping[str, Any]], notes: list[str], where: str) -> list[dict[str, Any]]:
+    """``rounds_done`` rows whose round index is sane; a note for each one dropped."""
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        idx = r.get("round")
+        if isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < ROUND_MAX:
+            out.append(dict(r))
+        else:
+            notes.append(f"{where}: a finished round with round={str(idx)[:40]} (not 0..{ROUND_MAX - 1}); skipped")
+    return out
+
+
+def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
+            notes: list[str] | None = None) -> dict[str, Any]:
+    """The timeline, marks, disk series, checkpoints and step times from journal records.
+
+    A record with a value out of any sane range (:func:`insane`) is skipped, with a line in
+    ``notes`` (the first 20, then a count)."""
     segments: list[tuple[float, float, str, int]] = []
     marks: list[tuple[float, int, str, str]] = []
     disk: list[tuple[float, int]] = []
@@ -140,9 +192,16 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool) ->
     open_seg: tuple[float, str, int] | None = None
     last_state: str | None = None
     last_t: float | None = None
+    skipped = 0
     for rec in journal:
+        why = insane(rec)
+        if why is not None:
+            skipped += 1
+            if notes is not None and skipped <= 20:
+                notes.append(f"journal record {str(rec.get('event'))[:40]!r}: {why}; skipped")
+            continue
         t = _num(rec.get("t"))
-        if t is None:
+        if t is None or not math.isfinite(t):
             continue
         last_t = t
         ev = rec["event"]
@@ -178,6 +237,8 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool) ->
             s = _num(rec.get("step_seconds"))
             if s:
                 steps[rnd] = s
+    if notes is not None and skipped > 20:
+        notes.append(f"journal: {skipped - 20} more records out of range; skipped")
     if open_seg is not None:
         end = now if alive and open_seg[1] not in FINAL else (last_t or open_seg[0])
         segments.append((open_seg[0], max(end, open_seg[0]), open_seg[1], open_seg[2]))
@@ -205,7 +266,7 @@ def gather(config_path: Path) -> ReportData:
     status = collect(config_path)
     journal, problems = read_journal(layout.state_dir / "journal.jsonl")
     alive = bool((status.get("daemon") or {}).get("alive"))
-    found = analyse(journal, now=time.time(), alive=alive)
+    found = analyse(journal, now=time.time(), alive=alive, notes=problems)
     try:
         state_doc = json.loads((layout.state_dir / "state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -231,7 +292,8 @@ def gather(config_path: Path) -> ReportData:
     }
     data = ReportData(
         campaign=cfg.campaign.name, experiment=cfg.campaign.experiment, rounds=cfg.campaign.rounds,
-        state=status.get("state"), rounds_done=[r for r in (done or []) if isinstance(r, dict)],
+        state=status.get("state"),
+        rounds_done=sane_rounds([r for r in (done or []) if isinstance(r, dict)], problems, "status"),
         config_text=config_text, environment={k: v for k, v in env.items() if v}, ledger=ledger,
         problems=problems, **found,
     )
@@ -473,12 +535,16 @@ def default_output(config_path: Path) -> Path:
 def write_report(config_path: Path, out: Path | None = None) -> Path:
     """Gather, render and write the report atomically; returns its path."""
     _pyplot()  # fail first, in one line, when the extra is missing
-    data = gather(config_path)
+    cfg = load_config(config_path)
+    own = campaign_files(cfg.source, Layout.from_config(cfg))
     dest = out or default_output(config_path)
+    if dest.parent.is_dir():  # refused before any work: a device, a FIFO, the journal, .env, ...
+        resolve_output(dest, own, what="report")
+    data = gather(config_path)
     page = render(data)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, page.encode("utf-8"))
+        dest = write_output(dest, page.encode("utf-8"), own, what="report")
     except OSError as exc:
         raise ConfigError(f"{dest}: cannot write the report ({exc.strerror}); fix: pick another -o path") from None
     return dest

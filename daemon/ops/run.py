@@ -23,7 +23,8 @@ from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.boxcheck import box_refusals
 from shoprld.daemon.services.validate import validate
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.core.metrics import extras_problem
+from shoprld.daemon.core.metrics import extras_problem, textfile_problem
+from shoprld.daemon.foundation.outputs import campaign_files
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
@@ -51,7 +52,8 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
     # A URL or token httpx cannot send to is refused now, not at the first page (the same
     # lines as `check` and a reload).
-    for problem in [*endpoint_problems(cfg.notify, secrets, layout.env_file), extras_problem(cfg.metrics.textfile)]:
+    for problem in [*endpoint_problems(cfg.notify, secrets, layout.env_file), extras_problem(cfg.metrics.textfile),
+                    textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))]:
         if problem:
             raise ConfigError(problem)
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)

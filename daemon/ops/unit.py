@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.errors import EXIT_OK, ConfigError, ShoprldError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import default_state_dir
@@ -186,6 +186,27 @@ def _minimal(paths: Iterable[Path]) -> list[Path]:
     return [p for p in uniq if not any(q != p and _under(p, q) for q in uniq)]
 
 
+# Dirs a campaign's output may not open up for writing: under ProtectSystem=strict, a
+# ReadWritePaths= of one of these undoes the protection for the whole tree.
+_SYSTEM_DIRS = tuple(Path(p) for p in ("/", "/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/var",
+                                       "/dev", "/proc", "/sys", "/run"))
+
+
+def _output_dirs(cfg: Config, config: Path) -> list[Path]:
+    """The dirs outside the campaign's roots that the daemon writes to (the metrics textfile's
+    dir: written by temp file + rename, so the dir, not the file); refused in one line when
+    that would open a system dir to writing."""
+    out: list[Path] = []
+    if cfg.metrics.textfile is not None:
+        d = Path(os.path.normpath(os.path.join(config.parent, cfg.metrics.textfile))).parent
+        if d in _SYSTEM_DIRS:
+            raise ConfigError(f"metrics.textfile = {cfg.metrics.textfile}: the unit would have to make {d} writable "
+                              "(ProtectSystem=strict); fix: put the textfile in a dir of its own, e.g. "
+                              "/var/lib/node_exporter/textfile/shoprld.prom")
+        out.append(d)
+    return out
+
+
 def instance_name(config_path: Path) -> str:
     name = config_path.name
     if not name.endswith(".toml"):
@@ -229,6 +250,7 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
     for spec in (cfg.shopsim, cfg.train, cfg.sidecar, cfg.export, cfg.val, cfg.gate, cfg.inject):
         if spec.cwd is not None:
             writable.append(spec.cwd)
+    writable.extend(_output_dirs(cfg, config))
     writable = _minimal(writable)
     mounts = _minimal([layout.repo, layout.ephemeral_root] +
                       ([layout.state_dir] if cfg.storage.state_dir is not None else []))
