@@ -51,6 +51,7 @@ from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_OK, ConfigError, ShoprldError
 from shoprld.daemon.foundation.identity import IDENTITY_FILE
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.outputs import campaign_files, write_output
 
 SYSTEMD_RUNTIME = Path("/run/systemd/system")  # sd_booted(3): this dir exists iff systemd is PID 1
 WATCHDOG_SEC = 120          # the unit's WatchdogSec=
@@ -222,29 +223,12 @@ def write_config(config_path: Path, out: Path, *, command: list[str], python: st
     if foreign is not None:
         raise ConfigError(f"{out}: inside the state dir of another campaign ({foreign}); fix: write the "
                           f"supervisord config elsewhere, e.g. {Path(os.path.abspath(config_path)).with_suffix('.supervisord.conf')}")
-    own = {Path(os.path.abspath(config_path)), layout.env_file, layout.ledger}
-    if out in own or out.parent == layout.state_dir:
-        raise ConfigError(f"{out}: that is one of this campaign's own files; fix: choose another path for the supervisord config")
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot be checked ({exc.strerror}); fix: choose another path") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{out}: exists and is not a regular file; fix: choose another path for the supervisord config")
-    if not out.parent.is_dir():
-        raise ConfigError(f"{out}: the directory {out.parent} does not exist; fix: create it, or choose another path")
     files = SupervisorFiles.for_state_dir(layout.state_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    protected = campaign_files(Path(os.path.abspath(config_path)), layout)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
+        write_output(out, text.encode(), protected, what="supervisord config", mode=0o600)
         files.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"{out}: cannot write ({exc.strerror}); fix: choose a writable path") from None
     return files.root
 
