@@ -63,7 +63,6 @@ from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
-from shoprld.daemon.foundation import disk
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout

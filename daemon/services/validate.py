@@ -99,7 +99,7 @@ def _disk_floors(cfg: Config, layout: Layout) -> Iterator[Problem]:
         if value is not None and value >= total:
             yield Problem(cfg.source, f"disk.{key}", f"is not below the size of the volume {layout.ephemeral_root} "
                           f"({disk.human_bytes(total)})", disk.human_bytes(value),
-                          f"lower it, or remove it (the defaults scale with disk.checkpoint_estimate)")
+                          "lower it, or remove it (the defaults scale with disk.checkpoint_estimate)")
 
 
 # -- templates ------------------------------------------------------------------------------------
