@@ -69,8 +69,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shoprld.daemon.foundation.configsections import NotifyEndpoint, NotifySection
 from shoprld.daemon.foundation.errors import PreflightError
+from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.secrets import Redactor, Secrets
-from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
 
 DEDUPE_FILE = "alerts.json"
 # alerts.json is a few KiB; a bigger one is not ours (rebuilt, never read whole).
@@ -261,7 +262,7 @@ def next_digest(now: datetime, at: str) -> datetime:
 
 def digest_text(records: Iterable[Mapping[str, Any]], since: float | None) -> str:
     """What happened since ``since`` (epoch seconds; None: since the start), from the journal."""
-    rounds: list[str] = []
+    rounds: dict[int, str] = {}
     failures: dict[str, int] = {}
     counts = {"stalls": 0, "parks": 0, "restarts": 0}
     last_state = None
@@ -276,15 +277,19 @@ def digest_text(records: Iterable[Mapping[str, Any]], since: float | None) -> st
                 counts["restarts"] += 1
             if rec.get("dst") == "PAUSED_DISK":
                 counts["parks"] += 1
-            if rec.get("trigger") == "next_round" or rec.get("trigger") == "finish":
-                rounds.append(f"round-{int(rec.get('round') or 0):03d}")
+        elif ev == ROUND_DONE_EVENT and isinstance(rec.get("round"), int):
+            # A round's facts are journaled once when it is recorded (the transition that
+            # follows names the next round, so it cannot say which round finished).
+            val = rec.get("val")
+            rounds[rec["round"]] = round_id(rec["round"]) + (f" (val {val:.3g})" if isinstance(val, (int, float)) else "")
         elif ev == "train.stall":
             counts["stalls"] += 1
         elif ev == "attempt.failed":
             cause = str((rec.get("cause") or {}).get("name", "unknown")) if isinstance(rec.get("cause"), dict) \
                 else str(rec.get("cause"))
             failures[cause] = failures.get(cause, 0) + 1
-    parts = [f"rounds finished: {', '.join(rounds) if rounds else 'none'}",
+    done = [rounds[r] for r in sorted(rounds)]
+    parts = [f"rounds finished: {', '.join(done) if done else 'none'}",
              f"failed attempts: {', '.join(f'{k} x{v}' for k, v in sorted(failures.items())) or 'none'}",
              f"stalls {counts['stalls']}, restarts {counts['restarts']}, parks {counts['parks']}",
              f"now: {last_state or 'unchanged'}"]

@@ -125,9 +125,39 @@ def test_digest_summarises_the_journal_since_the_last_one() -> None:
     recs = [{"t": 5, "event": "attempt.failed", "cause": {"name": "cuda_oom"}},
             {"t": 10, "event": "attempt.failed", "cause": {"name": "cuda_oom"}},
             {"t": 11, "event": "train.stall"}, {"t": 12, "event": "transition", "trigger": "retry", "dst": "TRAIN"},
+            {"t": 13, "event": "round.done", "round": 0, "val": 0.5},
             {"t": 13, "event": "transition", "trigger": "next_round", "dst": "TRAIN", "round": 1}]
     text = digest_text(recs, since=8)
-    assert "cuda_oom x1" in text and "stalls 1, restarts 1" in text and "round-001" in text
+    assert "cuda_oom x1" in text and "stalls 1, restarts 1" in text
+    assert "rounds finished: round-000 (val 0.5);" in text and "round-001" not in text
+
+
+def test_digest_lists_each_finished_round_once() -> None:
+    """A 3-round campaign stopped once in round 1: the journal's transitions name the round
+    they enter (next_round names the next one, finish and a resume repeat the last), so only
+    the ``round.done`` records say which rounds finished, each once, in order."""
+    recs: list[dict[str, Any]] = []
+    t = 0
+
+    def add(event: str, **f: Any) -> None:
+        nonlocal t
+        t += 1
+        recs.append({"t": t, "event": event, **f})
+
+    add("transition", trigger="start", dst="TRAIN", round=0)
+    add("round.done", round=0, val=0.25)
+    add("transition", trigger="next_round", dst="TRAIN", round=1)
+    add("transition", trigger="stop", dst="STOPPED", round=1)
+    add("transition", trigger="resume", dst="TRAIN", round=1)
+    add("round.done", round=1, val=0.375)
+    add("transition", trigger="next_round", dst="TRAIN", round=2)
+    add("round.done", round=2, val=0.5)
+    add("transition", trigger="finish", dst="DONE", round=2)
+    text = digest_text(recs, since=None)
+    assert text.startswith("rounds finished: round-000 (val 0.25), round-001 (val 0.375), round-002 (val 0.5); ")
+    assert text.endswith("now: DONE")
+    # Since the second round's record: only the rounds finished from then on.
+    assert digest_text(recs, since=6).startswith("rounds finished: round-001 (val 0.375), round-002 (val 0.5); ")
 
 
 def _cfg(tmp_path: Path, notify: dict[str, Any]) -> Any:
