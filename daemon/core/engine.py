@@ -54,7 +54,7 @@ from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, Hygien
 from shoprld.daemon.foundation.logs import add_file_handler
 from shoprld.daemon.round.machine import (RETRY, WORKING_STATES, Counters, Deadline, Decision, Ending, Enter, Exit,
                                          Fail, Finish, Machine, Park, Retry, RetryPolicy, State, Stop, decide)
-from shoprld.daemon.core.metrics import TextfileMetrics
+from shoprld.daemon.core.metrics import HEARTBEAT_S as METRICS_HEARTBEAT_S, TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.progress import Progress
 from shoprld.daemon.core.reactions import Reactions, StopRequest
@@ -227,10 +227,18 @@ class Engine:
                 self._background("watchdog", sources.watchdog, self.notifier)
                 self._background("notify", self.alerts.run)
                 self._background("digest", self.alerts.digest_loop, self.store.journal)
+                self._background("heartbeat", self._heartbeat)
                 code = await self._drive(tg)
                 await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
                 tg.cancel_scope.cancel()
         return code
+
+    async def _heartbeat(self) -> None:
+        """Rewrite the metrics textfile between status updates (a long VAL or ShopSim start
+        writes none), so only a dead daemon's file goes stale."""
+        while True:
+            await anyio.sleep(METRICS_HEARTBEAT_S)
+            self.view.write_metrics()
 
     def _background(self, name: str, fn: Any, *args: Any) -> None:
         """Start a task of the daemon's own; its crash becomes :class:`TaskFailed` on the queue."""

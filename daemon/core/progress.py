@@ -57,6 +57,8 @@ class Progress:
         cause, self.view.snap["last_failure"] = await self.attempts.failed(
             state.value, self._round(), attempt, outcome.message, outcome.data,
             nvidia_smi=self._cfg().gpus.nvidia_smi)
+        failures = self.view.state_data["counters"].setdefault("failures", {})
+        failures[cause.name] = failures.get(cause.name, 0) + 1
         return cause
 
     def recovered(self, state: State) -> None:

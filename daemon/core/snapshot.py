@@ -76,7 +76,8 @@ class Snapshot:
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
             "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
-                         "stalls": int((data.get("counters") or {}).get("stalls", 0))},
+                         "stalls": int((data.get("counters") or {}).get("stalls", 0)),
+                         "failures": _failure_counts((data.get("counters") or {}).get("failures"))},
         })
         if data.get("state") in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.state_data["counters"]["restarts"] += 1
@@ -160,6 +161,17 @@ class Snapshot:
                                     "rounds": cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
 
+    def write_metrics(self) -> None:
+        """The metrics textfile alone (its liveness stamp between status updates)."""
+        if self.metrics is None:
+            return
+        try:
+            doc = self.status_doc()
+        except Exception as exc:  # a heartbeat must never stop the campaign; write_status shows it
+            log.warning("metrics.heartbeat_skipped", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+
     def write_status(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_status_write < 0.5:
@@ -215,3 +227,10 @@ class Snapshot:
 def num(v: Any) -> float | None:
     """``v`` as a float when it is a number (not a bool), else None."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _failure_counts(raw: Any) -> dict[str, int]:
+    """state.json's failed attempts by cause; anything else in it is dropped."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
