@@ -98,6 +98,8 @@ class Message:
     bundle: str | None = None
     time: float = field(default_factory=time.time)
     marker: str = ""  # "[rehearsal]": the page is not about production
+    detail: str = ""  # the decisive line of the cause (``KeyError: 'rho'``, the OOM-killer's line)
+    advice: str = ""  # the cause's fix
 
     @property
     def key(self) -> str:
@@ -112,8 +114,8 @@ class Message:
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "campaign": self.campaign, "round": self.round,
                 "round_id": f"round-{self.round:03d}" if self.round is not None else None,
-                "state": self.state, "message": self.text, "cause": self.cause, "bundle": self.bundle,
-                "host": socket.gethostname(), "time": self.time, **({"marker": self.marker} if self.marker else {})}
+                "state": self.state, "message": self.text, "cause": self.cause, "detail": self.detail or None,
+                "advice": self.advice or None, "bundle": self.bundle, "host": socket.gethostname(), "time": self.time, **({"marker": self.marker} if self.marker else {})}
 
 
 def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
@@ -123,8 +125,12 @@ def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
         body = json.dumps(redactor.obj(msg.to_json())).encode()
         return url, {"Content-Type": "application/json"}, body
     detail = msg.text
-    if msg.cause:
-        detail += f" (cause: {msg.cause})"
+    if msg.cause and f"cause: {msg.cause}" not in msg.text:
+        # The decisive line is the page's point: "cause: python_exception" alone says nothing.
+        why = f": {msg.detail}" if msg.detail and msg.detail not in msg.text else ""
+        detail += f" (cause: {msg.cause}{why})"
+    if msg.advice:
+        detail += f"; fix: {msg.advice}"
     if msg.bundle:
         detail += f"; bundle: {msg.bundle}"
     if ep.kind == "slack":
@@ -326,11 +332,13 @@ class Alerts:
             self._reconfigured.set()
 
     def post(self, event: str, text: str, *, round: int | None = None, state: str | None = None,
-             cause: str | None = None, bundle: str | None = None) -> bool:
+             cause: str | None = None, bundle: str | None = None, detail: str = "", advice: str = "") -> bool:
         """Queue a notification; False when deduped, dropped or nobody listens. Never blocks,
-        never raises (the engine calls it from its main loop)."""
+        never raises (the engine calls it from its main loop). ``detail``/``advice``: the
+        cause's decisive line and fix."""
         try:
-            return self._post(event, text, round, state, cause, bundle)
+            return self._post(event, text, round, state, cause, bundle, " ".join(detail.split())[:300],
+                              " ".join(advice.split())[:300])
         except Exception as exc:  # a page is never worth the campaign
             log.warning("notify.failed", notify_event=event, error=f"{type(exc).__name__}: {exc}")
             self.journal("notify.failed", notify_event=event, error_class=type(exc).__name__,
@@ -338,13 +346,14 @@ class Alerts:
             return False
 
     def _post(self, event: str, text: str, round: int | None, state: str | None, cause: str | None,
-              bundle: str | None) -> bool:
+              bundle: str | None, detail: str = "", advice: str = "") -> bool:
         if not any(event in ep.events for ep in self.section.endpoints):
             return False
         text = " ".join(text.split())[:1000]
         if self.marker:
             text = f"{self.marker} {text}"
-        msg = Message(event, self.campaign, text, round, state, cause, bundle, self.clock(), self.marker)
+        msg = Message(event, self.campaign, text, round, state, cause, bundle, self.clock(), self.marker,
+                      detail, advice)
         if self.dedupe.seen(msg.key, msg.time):
             self.journal("notify.deduped", notify_event=event, key=msg.key)
             return False

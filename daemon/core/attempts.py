@@ -71,6 +71,8 @@ class Attempts:
                         "bundle": str(dest), "at": time.time()}
         self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
                       stalled=stalled, bundle=str(dest), message=message)
-        log.warning("attempt.failed", state=state, attempt=attempt, cause=cause.name, bundle=str(dest))
+        # The terminal's line says why: a SIGKILL, a stall and an exception must not look alike.
+        log.warning("attempt.failed", state=state, attempt=attempt, cause=cause.name, bundle=str(dest),
+                    message=f"{rid} {state} attempt {attempt}: {cause.line()}; bundle {dest}")
         self.recovering = f"{state} failed ({cause.name})"
         return cause, last_failure

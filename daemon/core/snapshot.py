@@ -111,7 +111,9 @@ class Snapshot:
         r = self._round()
         mine = failure and lf.get("round") == r
         self.alerts.post(event, text, round=r, state=self.machine.state.value if not mine else lf.get("state"),
-                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
+                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None,
+                         detail=str(lf.get("detail") or "") if mine else "",
+                         advice=str(lf.get("advice") or "") if mine else "")
 
     def journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         self.seq += 1

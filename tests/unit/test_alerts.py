@@ -177,3 +177,40 @@ def test_config_errors_are_one_line(tmp_path: Path) -> None:
         secrets.require(cfg.required_secrets())
     assert str(e.value) == (f"{tmp_path / '.env'}: SHOPRLD_SLACK_URL is not set (required by "
                             f"notify.endpoints[0].url_env); fix: add a line SHOPRLD_SLACK_URL=... to that file")
+
+
+def _send_failed(alerts: Alerts, text: str) -> None:
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(alerts.run)
+            alerts.post("failed", text, round=0, state="INJECT", cause="python_exception",
+                        bundle="/e/logs/attempts/round-000-INJECT-3", detail="KeyError: 'rho'",
+                        advice="fix the error above")
+            with anyio.fail_after(20):
+                await alerts.drain(20)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_a_failed_page_says_why_on_every_endpoint_kind(tmp_path: Path) -> None:
+    """The decisive line (the exception), the advice and the bundle: structured fields in the
+    webhook JSON, one readable line on Slack and ntfy, the cause said once."""
+    text = "INJECT failed after 3 attempts: curriculum.json: not written by inject.command"
+    with Receiver() as r:
+        for kind in ("webhook", "slack", "ntfy"):
+            alerts, _ = _alerts(tmp_path / kind, r.url, kind=kind)
+            _send_failed(alerts, text)
+    hook, slack, ntfy = r.requests
+    body = hook.json()
+    assert (body["cause"], body["detail"], body["advice"]) == ("python_exception", "KeyError: 'rho'", "fix the error above")
+    assert body["bundle"] == "/e/logs/attempts/round-000-INJECT-3" and body["message"] == text
+    line = (f"{text} (cause: python_exception: KeyError: 'rho'); fix: fix the error above; "
+            f"bundle: /e/logs/attempts/round-000-INJECT-3")
+    assert slack.json()["text"] == f"*shoprld demo: failed round-000*: {line}"
+    assert ntfy.body.decode() == line
+    # A message that already names the cause and its line (the machine's "failed after" line) keeps it once.
+    with Receiver() as r:
+        alerts, _ = _alerts(tmp_path / "again", r.url, kind="slack")
+        _send_failed(alerts, f"{text} (cause: python_exception: KeyError: 'rho')")
+    assert r.requests[0].json()["text"].count("KeyError") == 1
