@@ -56,7 +56,7 @@ class Progress:
         """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
         cause, self.view.snap["last_failure"] = await self.attempts.failed(
             state.value, self._round(), attempt, outcome.message, outcome.data,
-            nvidia_smi=self._cfg().gpus.nvidia_smi)
+            nvidia_smi=self._cfg().gpus.nvidia_smi, keep_bundles=self._cfg().disk.keep_bundles)
         failures = self.view.state_data["counters"].setdefault("failures", {})
         failures[cause.name] = failures.get(cause.name, 0) + 1
         return cause

@@ -107,6 +107,8 @@ class DiskSection(FrozenModel):
     margin: Size | None = None
     min_inodes: Int = Field(default=10_000, ge=0, le=2**62)
     keep_finals: Int = Field(default=1, ge=1)
+    # Crash bundles with all their files, per cause (older ones keep only bundle.json).
+    keep_bundles: Int = Field(default=3, ge=1)
     ballast: Size | None = None
     wait_for_space: Bool = False
     settle: Duration = 30.0
