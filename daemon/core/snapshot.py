@@ -27,6 +27,7 @@ from shoprld.daemon.foundation.configvalues import resolve_deadline
 from shoprld.daemon.foundation.preflight import forecast_for
 from shoprld.daemon.foundation.roundlog import ROW_KEY, STATUS_RECENT_ROUNDS
 from shoprld.daemon.foundation.secrets import Redactor
+from shoprld.daemon.foundation.status import unsaved_progress
 from shoprld.daemon.foundation.store import Store
 from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.metrics import TextfileMetrics
@@ -158,7 +159,13 @@ class Snapshot:
                             f"{cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
         plan = self.plan()
         warnings += [line for _, line in plan.problems()]
-        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
+        last = self.snap.get("last_checkpoint") if isinstance(self.snap.get("last_checkpoint"), dict) else {}
+        unsaved = unsaved_progress(state=self.machine.state.value, round_index=self._round(),
+                                   step=int(self.snap.get("step") or 0), steps_per_round=cfg.campaign.steps_per_round,
+                                   end_offset=cfg.train.end_offset, last_iteration=last.get("iteration"),
+                                   step_seconds=self.snap.get("step_seconds"))
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children,
+                "deadline": deadline, "unsaved": unsaved,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}

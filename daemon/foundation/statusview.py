@@ -30,6 +30,7 @@ from shoprld.daemon.foundation.status import (
     STOP_REASONS,
     collect,
     round_label,
+    stop_cost_line,
 )
 
 Part = tuple[str, str]  # (text, rich style); the plain renderer ignores the style
@@ -198,6 +199,11 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
         kv("step", *_bar(step / spr, 24, unicode), (f" {step}/{spr}", "bold"),
            (f"  {100 * max(0, min(step, spr)) // spr}%", ""), (rate, "dim"),
            (f"  ETA {fmt_duration(eta)}" if eta is not None else "", ""))
+
+    # what a plain stop would lose now (TRAIN only), and the stop that loses nothing
+    cost = stop_cost_line(st.get("unsaved")) if alive else None
+    if cost:
+        kv("unsaved", (cost, "yellow"))
 
     # the last checkpoint
     ck = st.get("last_checkpoint")
