@@ -396,6 +396,22 @@ class Alerts:
                     if self._pending <= 0:
                         self._idle.set()
 
+    async def send_test(self, text: str) -> list[tuple[str, str | None]]:
+        """One page to every endpoint, whatever events it subscribes to, now, bypassing the queue
+        and the dedupe (``shoprld notify-test``). Returns (endpoint, error or None) per endpoint."""
+        msg = Message("test", self.campaign, text, time=self.clock(), marker=self.marker)
+        out: list[tuple[str, str | None]] = []
+        async with httpx.AsyncClient(transport=self._transport, trust_env=False, follow_redirects=False,
+                                     timeout=httpx.Timeout(self.section.timeout)) as client:
+            for i, ep in enumerate(self.section.endpoints):
+                where = f"notify.endpoints[{i}] ({ep.kind}, {ep.url_env})"  # never the URL itself
+                try:
+                    error, _, _ = await self._attempts(client, ep, msg, where)
+                except Exception as exc:  # a URL or header httpx refuses: this endpoint's line
+                    error = type(exc).__name__
+                out.append((where, error))
+        return out
+
     async def _deliver(self, client: httpx.AsyncClient, index: int, ep: NotifyEndpoint, msg: Message) -> bool:
         """Send ``msg`` to one endpoint; True when it was accepted. Never raises (but cancellation)."""
         where = f"notify.endpoints[{index}] ({ep.kind}, {ep.url_env})"  # never the URL itself
