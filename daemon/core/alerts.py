@@ -79,7 +79,7 @@ MAX_DEDUPE_BYTES = 1024 * 1024
 MAX_UNDELIVERED = 50
 # How much of a clock step forward a dedupe stamp may be ahead of now (two hosts' NTP jitter).
 FUTURE_SLACK_S = 60.0
-URGENT = frozenset({"failed", "stalled", "parked", "gate_stop"})
+URGENT = frozenset({"failed", "stalled", "parked", "gate_stop", "crashed"})
 log = structlog.get_logger("shoprld.alerts")
 
 Journal = Callable[..., None]  # journal(event_name, **fields)

@@ -346,7 +346,8 @@ class PreflightSection(FrozenModel):
     convert_hint: str = ""
 
 
-NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest")
+NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest",
+                 "crashed")
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 

@@ -69,3 +69,36 @@ def test_a_dead_endpoint_is_named_and_exits_3(tmp_path: Path) -> None:
     assert proc.stdout.splitlines()[1] == "notify.endpoints[1] (slack, SLACK_URL): NOT SENT: ConnectError"
     assert len(r.requests) == 2 and dead not in proc.stdout + proc.stderr
     assert proc.stderr.startswith("shoprld: 1 of 3 endpoints did not accept the test page; fix:")
+
+
+def _dead_campaign(tmp_path: Path, url: str, state: str = "TRAIN") -> Path:
+    """A campaign whose daemon died in ``state`` (status.json as the engine leaves it; no lock held)."""
+    import json
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CAMPAIGN.format(state=tmp_path / "state").replace('events = ["done"]', 'events = ["crashed"]'))
+    (tmp_path / ".env").write_text(f"HOOK_URL={url}\nSLACK_URL={url}\nNTFY_URL={url}\nNTFY_TOKEN=tok-abcdefgh12\n")
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "status.json").write_text(json.dumps({
+        "campaign": "nt", "state": state, "round": 2, "last_error": "TRAIN failed after 3 attempts: boom",
+        "daemon": {"pid": 999999999, "started_at": 1.0}}))
+    return cfg
+
+
+def test_notify_crashed_pages_once_about_a_dead_daemon(tmp_path: Path) -> None:
+    """A dead daemon (no lock holder): one `crashed` page per endpoint with the last state, round
+    and error and how to restart; run again (a crash loop's next OnFailure), it is deduped."""
+    with Receiver() as r:
+        cfg = _dead_campaign(tmp_path, r.url)
+        first = subprocess.run([*SHOPRLD, "notify-crashed", "-c", str(cfg), "--reason", "start limit hit"],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        second = subprocess.run([*SHOPRLD, "notify-crashed", "-c", str(cfg)], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert len(r.requests) == 3 and r.events() == ["crashed"]  # webhook, slack, ntfy: once each
+    hook = r.requests[0].json()
+    assert hook["state"] == "TRAIN" and hook["round_id"] == "round-002"
+    assert hook["message"].startswith("the daemon is not running (last seen in TRAIN, round-002): start limit hit; "
+                                      "last error: TRAIN failed after 3 attempts: boom; fix: read `journalctl -u shoprld@c`")
+    assert r.requests[2].headers["Priority"] == "urgent"
+    assert "already sent" in second.stdout
