@@ -93,3 +93,18 @@ def test_status_shows_the_cost_while_the_daemon_runs() -> None:
     assert "unsaved" in text and "--at-checkpoint" in text and "12 steps" in text
     st["daemon"] = {"alive": False}
     assert "--at-checkpoint" not in render_plain(view(st, 0.0, unicode=False))
+
+
+@pytest.mark.parametrize("state", ["STOPPED", "FAILED"])
+def test_a_stopped_or_failed_campaign_shows_no_rate_or_eta_but_how_to_resume(state: str) -> None:
+    """The last step stays, but no s/step or ETA for a campaign that is not running; the resume
+    command names the campaign file (a FAILED one: after fixing the cause)."""
+    st = {"campaign": "demo", "state": state, "round": 1, "rounds": 3, "step": 12, "steps_per_round": 20,
+          "step_seconds": 30.0, "eta_seconds": 240.0, "daemon": {"alive": False},
+          "plan": {"campaign_eta_seconds": 9000.0}}
+    text = render_plain(view(st, 0.0, unicode=False, config=Path("/etc/shoprld/demo.toml")))
+    assert "12/20" in text and "s/step" not in text and "ETA" not in text
+    assert "shoprld run -c /etc/shoprld/demo.toml" in text and "systemctl start shoprld@demo" in text
+    assert ("fix the cause above, then" in text) == (state == "FAILED")
+    live = render_plain(view({**st, "state": "TRAIN", "daemon": {"alive": True, "pid": 1}}, 0.0, unicode=False))
+    assert "30.0 s/step" in live and "ETA 4m" in live and "resume" not in live
