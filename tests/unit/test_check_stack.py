@@ -168,11 +168,16 @@ def test_check_says_whether_py_spy_is_there(tmp_path: Path) -> None:
         assert f"py-spy: {spy} (a stall's bundle gets the trainer's stacks)" in _check(_campaign(tmp_path), tmp_path / "bin").stdout
 
 
-def test_check_refuses_a_metrics_textfile_in_a_missing_directory(tmp_path: Path) -> None:
-    """node_exporter reads one directory: a textfile elsewhere would be written and never read."""
+def test_check_refuses_a_metrics_textfile_where_nothing_can_be_written(tmp_path: Path) -> None:
+    """A textfile under a regular file (a typo'd path): one NOT READY line, exit 3; a directory
+    not made yet is fine (the writer makes it)."""
     _smi(tmp_path / "bin", 4)
     c = _campaign(tmp_path)
-    c.write_text(c.read_text() + f'\n[metrics]\ntextfile = "{tmp_path}/nope/shoprld.prom"\n')
+    (tmp_path / "afile").write_text("")
+    base = c.read_text()
+    c.write_text(base + f'\n[metrics]\ntextfile = "{tmp_path}/afile/shoprld.prom"\n')
     res = _check(c, tmp_path / "bin")
     assert res.returncode == 3
-    assert f"metrics.textfile = {tmp_path}/nope/shoprld.prom: the directory {tmp_path}/nope does not exist" in res.stdout
+    assert [ln for ln in res.stdout.splitlines() if "metrics.textfile" in ln and f"{tmp_path}/afile" in ln]
+    c.write_text(base + f'\n[metrics]\ntextfile = "{tmp_path}/not-yet/shoprld.prom"\n')
+    assert "metrics.textfile" not in _check(c, tmp_path / "bin").stdout
