@@ -120,6 +120,10 @@ async def run(ctx: RoundContext) -> Outcome:
         error = _last_line(ctx.log_path(STATE))
         ctx.emit("gate.error", detail=error, note="exit 1 before any rollout; no manifest")
         result = GateResult("incomplete")
+        # The tool crashed: a failure with a bundle and a page, whatever gate.policy does next.
+        crashed = {"tool_failed": f"gate.command exited 1 with no manifest: {error}"}
+    else:
+        crashed = {}
     decision = result.status
     selected = gate_dir / "selected_skillbank.json"
     if decision == "complete" and not selected.is_file():
@@ -129,7 +133,7 @@ async def run(ctx: RoundContext) -> Outcome:
                  requested=result.requested, note="complete: the gate drops unpaired episodes")
     if decision == "incomplete" and cfg.policy == "retry" and may_retry(ctx.attempt, cfg.retries):
         ctx.archive(gate_dir, "gate incomplete; policy retry")
-        return Outcome.retry("gate incomplete; policy retry")
+        return Outcome.retry("gate incomplete; policy retry" + (f" ({error})" if error else ""))
     history_lost = analysis.kind == "failed"
     rec = {
         "round": ctx.round, "round_id": ctx.round_id, "decision": decision, "policy": cfg.policy,
@@ -148,8 +152,8 @@ async def run(ctx: RoundContext) -> Outcome:
     await ctx.val_server.after_gate(ctx.plan, ctx)
     if decision == "incomplete" and cfg.policy == "stop":
         return Outcome("gate_stop", f"gate incomplete for {ctx.round_id}; gate.policy = stop "
-                       "(run again to continue with the current SkillBank)")
-    return Outcome.done(f"gate {decision}")
+                       "(run again to continue with the current SkillBank)", crashed)
+    return Outcome.done(f"gate {decision}", **crashed)
 
 
 async def _services_ready(ctx: RoundContext) -> str | None:

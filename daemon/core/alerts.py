@@ -69,8 +69,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shoprld.daemon.foundation.configsections import NotifyEndpoint, NotifySection
 from shoprld.daemon.foundation.errors import PreflightError
+from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.secrets import Redactor, Secrets
-from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
 
 DEDUPE_FILE = "alerts.json"
 # alerts.json is a few KiB; a bigger one is not ours (rebuilt, never read whole).
@@ -78,7 +79,7 @@ MAX_DEDUPE_BYTES = 1024 * 1024
 MAX_UNDELIVERED = 50
 # How much of a clock step forward a dedupe stamp may be ahead of now (two hosts' NTP jitter).
 FUTURE_SLACK_S = 60.0
-URGENT = frozenset({"failed", "stalled", "parked", "gate_stop"})
+URGENT = frozenset({"failed", "stalled", "parked", "gate_stop", "crashed"})
 log = structlog.get_logger("shoprld.alerts")
 
 Journal = Callable[..., None]  # journal(event_name, **fields)
@@ -97,6 +98,8 @@ class Message:
     bundle: str | None = None
     time: float = field(default_factory=time.time)
     marker: str = ""  # "[rehearsal]": the page is not about production
+    detail: str = ""  # the decisive line of the cause (``KeyError: 'rho'``, the OOM-killer's line)
+    advice: str = ""  # the cause's fix
 
     @property
     def key(self) -> str:
@@ -111,8 +114,8 @@ class Message:
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "campaign": self.campaign, "round": self.round,
                 "round_id": f"round-{self.round:03d}" if self.round is not None else None,
-                "state": self.state, "message": self.text, "cause": self.cause, "bundle": self.bundle,
-                "host": socket.gethostname(), "time": self.time, **({"marker": self.marker} if self.marker else {})}
+                "state": self.state, "message": self.text, "cause": self.cause, "detail": self.detail or None,
+                "advice": self.advice or None, "bundle": self.bundle, "host": socket.gethostname(), "time": self.time, **({"marker": self.marker} if self.marker else {})}
 
 
 def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
@@ -122,8 +125,12 @@ def build_request(ep: NotifyEndpoint, msg: Message, url: str, token: str | None,
         body = json.dumps(redactor.obj(msg.to_json())).encode()
         return url, {"Content-Type": "application/json"}, body
     detail = msg.text
-    if msg.cause:
-        detail += f" (cause: {msg.cause})"
+    if msg.cause and f"cause: {msg.cause}" not in msg.text:
+        # The decisive line is the page's point: "cause: python_exception" alone says nothing.
+        why = f": {msg.detail}" if msg.detail and msg.detail not in msg.text else ""
+        detail += f" (cause: {msg.cause}{why})"
+    if msg.advice:
+        detail += f"; fix: {msg.advice}"
     if msg.bundle:
         detail += f"; bundle: {msg.bundle}"
     if ep.kind == "slack":
@@ -261,7 +268,7 @@ def next_digest(now: datetime, at: str) -> datetime:
 
 def digest_text(records: Iterable[Mapping[str, Any]], since: float | None) -> str:
     """What happened since ``since`` (epoch seconds; None: since the start), from the journal."""
-    rounds: list[str] = []
+    rounds: dict[int, str] = {}
     failures: dict[str, int] = {}
     counts = {"stalls": 0, "parks": 0, "restarts": 0}
     last_state = None
@@ -276,15 +283,19 @@ def digest_text(records: Iterable[Mapping[str, Any]], since: float | None) -> st
                 counts["restarts"] += 1
             if rec.get("dst") == "PAUSED_DISK":
                 counts["parks"] += 1
-            if rec.get("trigger") == "next_round" or rec.get("trigger") == "finish":
-                rounds.append(f"round-{int(rec.get('round') or 0):03d}")
+        elif ev == ROUND_DONE_EVENT and isinstance(rec.get("round"), int):
+            # A round's facts are journaled once when it is recorded (the transition that
+            # follows names the next round, so it cannot say which round finished).
+            val = rec.get("val")
+            rounds[rec["round"]] = round_id(rec["round"]) + (f" (val {val:.3g})" if isinstance(val, (int, float)) else "")
         elif ev == "train.stall":
             counts["stalls"] += 1
         elif ev == "attempt.failed":
             cause = str((rec.get("cause") or {}).get("name", "unknown")) if isinstance(rec.get("cause"), dict) \
                 else str(rec.get("cause"))
             failures[cause] = failures.get(cause, 0) + 1
-    parts = [f"rounds finished: {', '.join(rounds) if rounds else 'none'}",
+    done = [rounds[r] for r in sorted(rounds)]
+    parts = [f"rounds finished: {', '.join(done) if done else 'none'}",
              f"failed attempts: {', '.join(f'{k} x{v}' for k, v in sorted(failures.items())) or 'none'}",
              f"stalls {counts['stalls']}, restarts {counts['restarts']}, parks {counts['parks']}",
              f"now: {last_state or 'unchanged'}"]
@@ -321,11 +332,13 @@ class Alerts:
             self._reconfigured.set()
 
     def post(self, event: str, text: str, *, round: int | None = None, state: str | None = None,
-             cause: str | None = None, bundle: str | None = None) -> bool:
+             cause: str | None = None, bundle: str | None = None, detail: str = "", advice: str = "") -> bool:
         """Queue a notification; False when deduped, dropped or nobody listens. Never blocks,
-        never raises (the engine calls it from its main loop)."""
+        never raises (the engine calls it from its main loop). ``detail``/``advice``: the
+        cause's decisive line and fix."""
         try:
-            return self._post(event, text, round, state, cause, bundle)
+            return self._post(event, text, round, state, cause, bundle, " ".join(detail.split())[:300],
+                              " ".join(advice.split())[:300])
         except Exception as exc:  # a page is never worth the campaign
             log.warning("notify.failed", notify_event=event, error=f"{type(exc).__name__}: {exc}")
             self.journal("notify.failed", notify_event=event, error_class=type(exc).__name__,
@@ -333,13 +346,14 @@ class Alerts:
             return False
 
     def _post(self, event: str, text: str, round: int | None, state: str | None, cause: str | None,
-              bundle: str | None) -> bool:
+              bundle: str | None, detail: str = "", advice: str = "") -> bool:
         if not any(event in ep.events for ep in self.section.endpoints):
             return False
         text = " ".join(text.split())[:1000]
         if self.marker:
             text = f"{self.marker} {text}"
-        msg = Message(event, self.campaign, text, round, state, cause, bundle, self.clock(), self.marker)
+        msg = Message(event, self.campaign, text, round, state, cause, bundle, self.clock(), self.marker,
+                      detail, advice)
         if self.dedupe.seen(msg.key, msg.time):
             self.journal("notify.deduped", notify_event=event, key=msg.key)
             return False
@@ -381,6 +395,22 @@ class Alerts:
                     self._pending -= 1
                     if self._pending <= 0:
                         self._idle.set()
+
+    async def send_test(self, text: str) -> list[tuple[str, str | None]]:
+        """One page to every endpoint, whatever events it subscribes to, now, bypassing the queue
+        and the dedupe (``shoprld notify-test``). Returns (endpoint, error or None) per endpoint."""
+        msg = Message("test", self.campaign, text, time=self.clock(), marker=self.marker)
+        out: list[tuple[str, str | None]] = []
+        async with httpx.AsyncClient(transport=self._transport, trust_env=False, follow_redirects=False,
+                                     timeout=httpx.Timeout(self.section.timeout)) as client:
+            for i, ep in enumerate(self.section.endpoints):
+                where = f"notify.endpoints[{i}] ({ep.kind}, {ep.url_env})"  # never the URL itself
+                try:
+                    error, _, _ = await self._attempts(client, ep, msg, where)
+                except Exception as exc:  # a URL or header httpx refuses: this endpoint's line
+                    error = type(exc).__name__
+                out.append((where, error))
+        return out
 
     async def _deliver(self, client: httpx.AsyncClient, index: int, ep: NotifyEndpoint, msg: Message) -> bool:
         """Send ``msg`` to one endpoint; True when it was accepted. Never raises (but cancellation)."""

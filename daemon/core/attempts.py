@@ -43,7 +43,7 @@ class Attempts:
                      "monotonic": time.monotonic(), "argv": [], "returncode": None}
 
     async def failed(self, state: str, round_index: int, attempt: int, message: str, data: Mapping[str, Any], *,
-                     nvidia_smi: str) -> tuple[causes.Cause, dict[str, Any]]:
+                     nvidia_smi: str, keep_bundles: int = 3) -> tuple[causes.Cause, dict[str, Any]]:
         """Classify a failed attempt, write its crash bundle and journal it. Returns the cause
         and the ``last_failure`` line for status."""
         info = self.info if self.info.get("state") == state else {}
@@ -66,11 +66,17 @@ class Attempts:
             stalled=stalled, redactor=self.redactor, nvidia_smi=nvidia_smi)
         if problem:
             log.warning("bundle.write_failed", error=problem)
+        pruned = bundles.prune(self.layout.logs, keep_bundles)
+        if pruned:
+            self._journal("bundles.pruned", sync=False, cause=cause.name, keep=keep_bundles,
+                          bundles=[p.name for p in pruned])
         last_failure = {"round": round_index, "round_id": rid, "state": state, "attempt": attempt,
                         "cause": cause.name, "detail": cause.detail, "advice": cause.advice,
                         "bundle": str(dest), "at": time.time()}
         self._journal("attempt.failed", attempt=attempt, cause=cause.to_json(), exit_status=exit_status,
                       stalled=stalled, bundle=str(dest), message=message)
-        log.warning("attempt.failed", state=state, attempt=attempt, cause=cause.name, bundle=str(dest))
+        # The terminal's line says why: a SIGKILL, a stall and an exception must not look alike.
+        log.warning("attempt.failed", state=state, attempt=attempt, cause=cause.name, bundle=str(dest),
+                    message=f"{rid} {state} attempt {attempt}: {cause.line()}; bundle {dest}")
         self.recovering = f"{state} failed ({cause.name})"
         return cause, last_failure

@@ -52,9 +52,10 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
                                         StageOutcome, StopRequested, TaskFailed)
 from shoprld.daemon.foundation.logs import add_file_handler
+from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.round.machine import (RETRY, WORKING_STATES, Counters, Deadline, Decision, Ending, Enter, Exit,
                                          Fail, Finish, Machine, Park, Retry, RetryPolicy, State, Stop, decide)
-from shoprld.daemon.core.metrics import TextfileMetrics
+from shoprld.daemon.core.metrics import HEARTBEAT_S as METRICS_HEARTBEAT_S, TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.progress import Progress
 from shoprld.daemon.core.reactions import Reactions, StopRequest
@@ -227,10 +228,18 @@ class Engine:
                 self._background("watchdog", sources.watchdog, self.notifier)
                 self._background("notify", self.alerts.run)
                 self._background("digest", self.alerts.digest_loop, self.store.journal)
+                self._background("heartbeat", self._heartbeat)
                 code = await self._drive(tg)
                 await self.alerts.drain(ALERT_DRAIN_S)  # the final page gets out, within bounds
                 tg.cancel_scope.cancel()
         return code
+
+    async def _heartbeat(self) -> None:
+        """Rewrite the metrics textfile between status updates (a long VAL or ShopSim start
+        writes none), so only a dead daemon's file goes stale."""
+        while True:
+            await anyio.sleep(METRICS_HEARTBEAT_S)
+            self.view.write_metrics()
 
     def _background(self, name: str, fn: Any, *args: Any) -> None:
         """Start a task of the daemon's own; its crash becomes :class:`TaskFailed` on the queue."""
@@ -340,6 +349,9 @@ class Engine:
         if isinstance(outcome, ShoprldError):
             await self.progress.attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
             return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
+        if outcome.data.get("tool_failed") and outcome.kind in ("done", "gate_stop"):
+            # A tool crashed but its stage goes on (the gate's policy): still a bundle and a page.
+            await self.progress.tool_failed(state, attempt, outcome)
         if outcome.kind == "done":
             maybe_die(state, "done", self.round)
         # Every outcome is followed at once by a transition, a park or a stop, whose fsync
@@ -412,7 +424,12 @@ class Engine:
         while r < self.cfg.campaign.rounds and next_round.completed(self._ctx(r)) and (not recorded or r in recorded):
             r += 1
         if r != self.round:
-            log.warning("reconcile.round", persisted=self.round, disk=r)
+            # Ahead: the round's ledger row was written just before the stop (a normal resume).
+            # Behind: the ledger lacks a round the state said was done, which is worth a look.
+            behind = r < self.round
+            line = (f"state.json says {round_id(self.round)}, the ledger's first unfinished round is {round_id(r)}: "
+                    f"continuing with {round_id(r)}" + (" (the ledger has no row for the rounds between)" if behind else ""))
+            (log.warning if behind else log.info)("reconcile.round", persisted=self.round, disk=r, message=line)
         self.round = r
         self._journal("reconcile", round=r)
 

@@ -56,8 +56,22 @@ class Progress:
         """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
         cause, self.view.snap["last_failure"] = await self.attempts.failed(
             state.value, self._round(), attempt, outcome.message, outcome.data,
-            nvidia_smi=self._cfg().gpus.nvidia_smi)
+            nvidia_smi=self._cfg().gpus.nvidia_smi, keep_bundles=self._cfg().disk.keep_bundles)
+        failures = self.view.state_data["counters"].setdefault("failures", {})
+        failures[cause.name] = failures.get(cause.name, 0) + 1
         return cause
+
+    async def tool_failed(self, state: State, attempt: int, outcome: base.Outcome) -> None:
+        """A tool that crashed while its stage still completes (a gate that exits 1 with no
+        manifest, then gate.policy keeps the SkillBank): classified, bundled and paged like a
+        failed attempt, but no "recovered" follows, since nothing is retried."""
+        before = self.attempts.recovering
+        message = str(outcome.data.get("tool_failed"))
+        cause = await self.attempt_failed(state, attempt, base.Outcome("fail", message, outcome.data))
+        self.attempts.recovering = before
+        log.warning("tool.failed", state=state.value, cause=cause.name,
+                    message=f"{state.value} tool crashed ({cause.line()}); the stage goes on: {outcome.message}")
+        self._alert("failed", f"{state.value}: {message}; the stage goes on ({outcome.message})")
 
     def recovered(self, state: State) -> None:
         """A round stage completed after a failed attempt or an unclean daemon restart (not

@@ -27,6 +27,7 @@ from shoprld.daemon.foundation.configvalues import resolve_deadline
 from shoprld.daemon.foundation.preflight import forecast_for
 from shoprld.daemon.foundation.roundlog import ROW_KEY, STATUS_RECENT_ROUNDS
 from shoprld.daemon.foundation.secrets import Redactor
+from shoprld.daemon.foundation.status import unsaved_progress
 from shoprld.daemon.foundation.store import Store
 from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.metrics import TextfileMetrics
@@ -76,7 +77,8 @@ class Snapshot:
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
             "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
-                         "stalls": int((data.get("counters") or {}).get("stalls", 0))},
+                         "stalls": int((data.get("counters") or {}).get("stalls", 0)),
+                         "failures": _failure_counts((data.get("counters") or {}).get("failures"))},
         })
         if data.get("state") in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.state_data["counters"]["restarts"] += 1
@@ -110,7 +112,9 @@ class Snapshot:
         r = self._round()
         mine = failure and lf.get("round") == r
         self.alerts.post(event, text, round=r, state=self.machine.state.value if not mine else lf.get("state"),
-                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None)
+                         cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None,
+                         detail=str(lf.get("detail") or "") if mine else "",
+                         advice=str(lf.get("advice") or "") if mine else "")
 
     def journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         self.seq += 1
@@ -155,10 +159,27 @@ class Snapshot:
                             f"{cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
         plan = self.plan()
         warnings += [line for _, line in plan.problems()]
-        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children, "deadline": deadline,
+        last = self.snap.get("last_checkpoint") if isinstance(self.snap.get("last_checkpoint"), dict) else {}
+        unsaved = unsaved_progress(state=self.machine.state.value, round_index=self._round(),
+                                   step=int(self.snap.get("step") or 0), steps_per_round=cfg.campaign.steps_per_round,
+                                   end_offset=cfg.train.end_offset, last_iteration=last.get("iteration"),
+                                   step_seconds=self.snap.get("step_seconds"))
+        return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children,
+                "deadline": deadline, "unsaved": unsaved,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
                                     "rounds": cfg.campaign.rounds, "deadline": deadline},
                 "updated_at": time.time()}
+
+    def write_metrics(self) -> None:
+        """The metrics textfile alone (its liveness stamp between status updates)."""
+        if self.metrics is None:
+            return
+        try:
+            doc = self.status_doc()
+        except Exception as exc:  # a heartbeat must never stop the campaign; write_status shows it
+            log.warning("metrics.heartbeat_skipped", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
 
     def write_status(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -215,3 +236,10 @@ class Snapshot:
 def num(v: Any) -> float | None:
     """``v`` as a float when it is a number (not a bool), else None."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _failure_counts(raw: Any) -> dict[str, int]:
+    """state.json's failed attempts by cause; anything else in it is dropped."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}

@@ -25,6 +25,7 @@ from shoprld.daemon.foundation import ckptwatch
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.status import stop_cost_line
 from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.core.control import ControlServer
 from shoprld.daemon.foundation.errors import ShoprldError
@@ -65,8 +66,10 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
             mode = request.get("mode", "now")
             if mode not in STOP_MODES:
                 return {"ok": False, "error": f"unknown stop mode {mode!r}"}
+            cost = stop_cost_line(status().get("unsaved")) if mode == "now" else None
             await send.send(StopRequested(mode))
-            return {"ok": True, "mode": mode}
+            return {"ok": True, "mode": mode, **({"message": f"the daemon will exit when it is safe; {cost}"}
+                                                 if cost else {})}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     try:

@@ -132,6 +132,8 @@ async def write_bundle(dest: Path, *, round_id: str, state: str, attempt: int, e
             "cause": cause, "argv": list(argv), "message": message, "stalled": stalled,
             "log": str(log_path) if log_path else None, "written_at": time.time(),
         }
+        if stalled:  # the exit status is of our stop (0 for a trainer that handles SIGTERM), not a crash
+            doc["stopped_by"] = "shoprld: no training step within train.stall_timeout, so shoprld stopped it"
         (dest / "log-tail.txt").write_text(redactor.text(read_tail(log_path)))
         smi = shutil.which(nvidia_smi)
         text = await anyio.to_thread.run_sync(lambda: _run([smi], 20.0), abandon_on_cancel=True) if smi \
@@ -161,3 +163,40 @@ def causes_of_round(logs: Path, round_id: str) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return " ".join(c for _, c in sorted(found))
+
+
+def prune(logs: Path, keep: int) -> list[Path]:
+    """Keep the files of the newest ``keep`` bundles of each cause; of the older ones keep only
+    ``bundle.json`` (a few hundred bytes: the ledger's causes column and the record of what
+    happened), marked ``pruned_at``. A deterministic bug retried all night leaves ``keep`` full
+    bundles, not one per attempt. Returns the bundles pruned now; never raises."""
+    by_cause: dict[str, list[tuple[float, Path, dict[str, Any]]]] = {}
+    try:
+        entries = list((logs / "attempts").iterdir())
+    except OSError:
+        return []
+    for d in entries:
+        try:
+            doc = json.loads((d / "bundle.json").read_text())
+            name = str(doc["cause"]["name"])
+            by_cause.setdefault(name, []).append((float(doc.get("written_at") or 0), d, doc))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    pruned: list[Path] = []
+    for rows in by_cause.values():
+        for _, d, doc in sorted(rows, key=lambda r: r[0], reverse=True)[max(0, keep):]:
+            if doc.get("pruned_at"):
+                continue
+            try:
+                for f in d.iterdir():
+                    if f.name != "bundle.json" and (f.is_file() or f.is_symlink()):
+                        f.unlink()
+                doc["pruned_at"] = time.time()
+                doc["files"] = ["bundle.json"]
+                tmp = d / "bundle.json.tmp"
+                tmp.write_text(json.dumps(doc, indent=2) + "\n")
+                os.replace(tmp, d / "bundle.json")
+                pruned.append(d)
+            except OSError:
+                continue
+    return pruned

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,12 @@ AF_UNIX_PATH = "af_unix_path_too_long"
 SHOPSIM_UNREACHABLE = "shopsim_unreachable"
 SGLANG_DIED = "sglang_died"
 GPU_XID = "gpu_xid"
+NCCL_ERROR = "nccl_error"
+RAY_ACTOR_DIED = "ray_actor_died"
+SEGFAULT = "segfault"
+BUS_ERROR = "bus_error"
+HOST_OOM = "oom"
+STALL = "stall"
 PYTHON_EXCEPTION = "python_exception"
 UNKNOWN = "unknown"
 
@@ -92,14 +99,71 @@ PATTERNS: tuple[Pattern, ...] = (
                              r"sglang\S*.*(?:died|exited unexpectedly|is dead|crashed)",
                              r"SGLang (?:server|engine|router).*(?:died|exited|not responding)"),
             "the SGLang rollout engine died: see its log above this line in the trainer's log"),
+    Pattern(NCCL_ERROR, _rx(r"NCCL error", r"nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage)",
+                            r"NCCL WARN .*(?:fail|error)"),
+            "a collective failed: find the first failing rank; check NCCL_DEBUG=INFO output, NVLink/IB and "
+            "that every rank sees the same GPUs"),
+    Pattern(RAY_ACTOR_DIED, _rx(r"ray\.exceptions\.(?:ActorDiedError|RayActorError)", r"\bActorDiedError\b",
+                                r"The actor died unexpectedly", r"\bRayActorError\b"),
+            "a Ray actor (a rollout or training worker) died: its own error is in the Ray worker logs "
+            "(session_latest/logs/worker-*.err); memory pressure shows in the kernel log"),
+    # The text a crashing interpreter or libc prints; the signal alone is judged in classify().
+    Pattern(SEGFAULT, _rx(r"Fatal Python error: Segmentation fault", r"^Segmentation fault\b", r"\bSIGSEGV\b"),
+            "a native crash (segfault): the faulthandler stack above this line names the extension; "
+            "check the CUDA/driver/torch versions agree"),
+    Pattern(BUS_ERROR, _rx(r"Fatal Python error: Bus error", r"^Bus error\b", r"\bSIGBUS\b"), ""),
 )
+PATTERNS_BY_NAME = {p.name: p for p in PATTERNS}
 GPU_XID_PATTERN = re.compile(r"NVRM: Xid \([^)]*\): (\d+)[^\n]*", re.IGNORECASE)
 GPU_XID_ADVICE = "a GPU fault in the kernel log: check `nvidia-smi -q` and the node's health before restarting"
 _TRACEBACK = "Traceback (most recent call last):"
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b(?::.*)?)$")
 
 
-def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, kernel_log: str = "") -> Cause:
+# The kernel OOM killer's own line (host or cgroup); the "Killed process" one names the victim.
+HOST_OOM_PATTERN = re.compile(r"(?:Memory cgroup out of memory|Out of memory): Kill(?:ed)? process \d+[^\n]*"
+                              r"|oom-kill:[^\n]*", re.IGNORECASE)
+HOST_OOM_ADVICE = ("the host (or the container's cgroup) ran out of RAM and the kernel killed the process: lower "
+                   "rollout/data-loader workers or CPU offload, or give the box more memory")
+SHM_HINT_BYTES = 1 << 30  # a /dev/shm below this is the usual reason for a Bus error in a container
+
+
+def signal_of(exit_status: int | None) -> int | None:
+    """The signal that ended a process: a negative return code (Popen), or 128+N as a shell
+    wrapper reports it for the signals that end trainers (ABRT, BUS, KILL, SEGV, TERM)."""
+    if exit_status is None:
+        return None
+    if exit_status < 0:
+        return -exit_status
+    if exit_status - 128 in (signal.SIGABRT, signal.SIGBUS, signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM):
+        return exit_status - 128
+    return None
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 77`` for one Python does not name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def bus_error_advice(shm: str = "/dev/shm") -> str:
+    """A Bus error's fix, with /dev/shm's size when it is small (Docker's default is 64 MiB)."""
+    try:
+        st = os.statvfs(shm)
+        size = st.f_blocks * st.f_frsize
+    except OSError:
+        size = None
+    if size is not None and size < SHM_HINT_BYTES:
+        return (f"{shm} is {size / 2**20:.0f} MiB: too small for the trainer's shared memory (NCCL, data "
+                f"loaders); run the container with --shm-size=16g (or more), or mount a bigger tmpfs there")
+    return (f"usually {shm} too small for shared memory (NCCL, data loaders): give the container "
+            f"--shm-size=16g; else a file mapped into memory was truncated")
+
+
+def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, kernel_log: str = "",
+             shm: str = "/dev/shm") -> Cause:
     """The cause of one failed (or stalled) attempt; never raises."""
     for p in PATTERNS:
         if p.test is not None:
@@ -109,18 +173,40 @@ def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, k
         assert p.regex is not None
         m = p.regex.search(log_tail)
         if m:
-            return Cause(p.name, _line_at(log_tail, m.start()), p.advice)
+            return Cause(p.name, _line_at(log_tail, m.start()), bus_error_advice(shm) if p.name == BUS_ERROR else p.advice)
     xid = GPU_XID_PATTERN.search(kernel_log)
     if xid:
         return Cause(GPU_XID, xid.group(0).strip(), GPU_XID_ADVICE)
     exc = last_exception(log_tail)
+    if stalled:  # shoprld stopped it: the exit status is of that stop, not a crash
+        seen = f"; the log's last exception: {exc}" if exc else f"; the log's last line: {_last_line(log_tail)}"
+        return Cause(STALL, "no training step within train.stall_timeout: stopped by shoprld" + seen,
+                     "see the bundle's py-spy.txt for where it hung (pip install 'shoprld[debug]' for py-spy)")
+    sig = signal_of(exit_status)
+    if sig == signal.SIGKILL:
+        oom = HOST_OOM_PATTERN.search(kernel_log)
+        if oom:
+            return Cause(HOST_OOM, oom.group(0).strip()[:300], HOST_OOM_ADVICE)
+    if sig == signal.SIGSEGV:
+        return Cause(SEGFAULT, f"killed by SIGSEGV (exit status {exit_status})", PATTERNS_BY_NAME[SEGFAULT].advice)
+    if sig == signal.SIGBUS:
+        return Cause(BUS_ERROR, f"killed by SIGBUS (exit status {exit_status})", bus_error_advice(shm))
     if exc:
         return Cause(PYTHON_EXCEPTION, exc, "fix the error above (the full traceback is in the bundle's log tail)")
-    if stalled:
-        return Cause(UNKNOWN, "stalled with nothing recognisable in the log",
-                     "see the bundle's py-spy dump for where the trainer hangs")
+    if sig is not None:
+        why = {signal.SIGKILL: "killed from outside (no OOM-killer line in the kernel log, which a container "
+                               "may not see): an operator, a scheduler, or a cgroup memory limit",
+               signal.SIGTERM: "asked to stop from outside shoprld (an operator or a scheduler)",
+               signal.SIGABRT: "aborted (an assertion or a C++ exception): see the log tail"}.get(sig, "")
+        return Cause(UNKNOWN, f"killed by {signal_name(sig)} (exit status {exit_status})",
+                     why or "see the bundle's log tail")
     what = "no exit status" if exit_status is None else f"exit status {exit_status}"
     return Cause(UNKNOWN, what, "see the bundle's log tail")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "(empty)"
 
 
 def last_exception(text: str) -> str | None:

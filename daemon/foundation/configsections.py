@@ -107,6 +107,8 @@ class DiskSection(FrozenModel):
     margin: Size | None = None
     min_inodes: Int = Field(default=10_000, ge=0, le=2**62)
     keep_finals: Int = Field(default=1, ge=1)
+    # Crash bundles with all their files, per cause (older ones keep only bundle.json).
+    keep_bundles: Int = Field(default=3, ge=1)
     ballast: Size | None = None
     wait_for_space: Bool = False
     settle: Duration = 30.0
@@ -344,7 +346,8 @@ class PreflightSection(FrozenModel):
     convert_hint: str = ""
 
 
-NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest")
+NOTIFY_EVENTS = ("done", "failed", "parked", "stopped", "stalled", "gate_stop", "round_done", "recovered", "digest",
+                 "crashed")
 _ENV_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 

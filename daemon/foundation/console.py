@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -28,6 +29,12 @@ from shoprld.daemon.foundation.status import round_label
 from shoprld.daemon.foundation.statusview import fmt_duration
 
 LIVE = "\r"  # a rendered line starting with this replaces the live progress line
+# The run's fatal line: `shoprld run` prints it in full on stderr at exit (``final_message``),
+# so the compact view does not show it twice, once cut to the terminal's width.
+FINAL_EVENTS = frozenset({"campaign.failed", "stage.error"})
+# A warning or error line ("12:00:00  ! ..."): wrapped by the terminal, never cut, since its
+# end (the cause's line, the bundle's path) is the point of it.
+_ALERT_LINE = re.compile(r"^\d\d:\d\d:\d\d  [!✗] ")
 
 
 def terminal_mode(stream: TextIO, *, verbose: bool = False, environ: Mapping[str, str] = os.environ) -> str:
@@ -102,6 +109,8 @@ class CompactRenderer:
         if name == "daemon.stopped":
             return f"{now}  stopped: {ev.get('reason')}"
         level = str(ev.get("level", "info"))
+        if name in FINAL_EVENTS and level in ("error", "critical"):
+            return ""  # `shoprld run` prints this message in full as its last line (stderr)
         if level in ("warning", "error", "critical"):
             detail = ev.get("message") or ev.get("error") or ev.get("reason") or ev.get("warning") or ""
             mark = "!" if level == "warning" else "✗"
@@ -129,7 +138,7 @@ class CompactHandler(logging.StreamHandler):  # type: ignore[type-arg]
             else:
                 prefix = "\r\x1b[2K" if self._live else ""
                 self._live = False
-                lines = [ln[:width] for ln in text.splitlines()] or [""]
+                lines = [ln if _ALERT_LINE.match(ln) else ln[:width] for ln in text.splitlines()] or [""]
                 self.stream.write(prefix + "\n".join(lines) + "\n")
             self.flush()
         except Exception:  # noqa: BLE001 - logging must never raise into the daemon

@@ -240,3 +240,39 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
     out["warnings"] = warnings
     out["state_dir"] = str(state_dir)
     return out
+
+
+def unsaved_progress(*, state: str | None, round_index: int, step: int, steps_per_round: int, end_offset: int,
+                     last_iteration: int | None, step_seconds: float | None) -> dict[str, Any] | None:
+    """What a plain ``shoprld stop`` would throw away now: TRAIN's steps since the newest
+    complete checkpoint (the round starts from the previous round's final). None outside TRAIN."""
+    if state != "TRAIN" or steps_per_round < 1:
+        return None
+    round_start = (round_index + 1) * steps_per_round + end_offset - steps_per_round  # the previous final
+    saved = max(0, min(step, last_iteration - round_start)) if last_iteration is not None else 0
+    steps = max(0, step - saved)
+    return {"steps": steps, "since_iteration": round_start + saved,
+            "seconds": steps * step_seconds if step_seconds else None}
+
+
+def stop_cost_line(unsaved: Mapping[str, Any] | None) -> str | None:
+    """One line on what a plain stop costs and the stop that costs nothing; None when nothing."""
+    if not isinstance(unsaved, Mapping):
+        return None
+    steps = unsaved.get("steps")
+    if not isinstance(steps, int) or steps <= 0:
+        return None
+    secs = unsaved.get("seconds")
+    about = f" (about {_short_duration(secs)} of training)" if isinstance(secs, (int, float)) and secs > 0 else ""
+    return (f"a plain stop in TRAIN loses the {steps} step{'s' if steps != 1 else ''} since the last checkpoint "
+            f"(iteration {unsaved.get('since_iteration')}){about}; `shoprld stop --at-checkpoint` stops after "
+            f"the next checkpoint instead and loses nothing")
+
+
+def _short_duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -30,6 +30,7 @@ from shoprld.daemon.foundation.status import (
     STOP_REASONS,
     collect,
     round_label,
+    stop_cost_line,
 )
 
 Part = tuple[str, str]  # (text, rich style); the plain renderer ignores the style
@@ -137,8 +138,9 @@ def _dicts(v: Any) -> list[dict[str, Any]]:
     return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
-def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Item]:
+def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Path | None = None) -> list[Item]:
     """The human view as data: rows of (text, style) parts, shared by both renderers.
+    ``config``: the campaign file, for the resume command of a STOPPED or FAILED campaign.
 
     It never raises on a malformed snapshot: every field is read defensively, because an
     operator's status command must work even against a buggy engine.
@@ -188,8 +190,10 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
     step = step if 0 <= step <= COUNT_MAX else 0
     spr = _int(st.get("steps_per_round"))
     if spr > 0 and state != NOT_STARTED:
-        step_s = _num(st.get("step_seconds"))
-        eta = _num(st.get("eta_seconds"))
+        # A rate and an ETA only while something trains: a stopped, failed or dead campaign has none.
+        running = alive and state in ACTIVE_STATES
+        step_s = _num(st.get("step_seconds")) if running else None
+        eta = _num(st.get("eta_seconds")) if running else None
         if eta is None and step_s is not None:
             eta = max(0, spr - step) * step_s
         rate = ""
@@ -198,6 +202,11 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
         kv("step", *_bar(step / spr, 24, unicode), (f" {step}/{spr}", "bold"),
            (f"  {100 * max(0, min(step, spr)) // spr}%", ""), (rate, "dim"),
            (f"  ETA {fmt_duration(eta)}" if eta is not None else "", ""))
+
+    # what a plain stop would lose now (TRAIN only), and the stop that loses nothing
+    cost = stop_cost_line(st.get("unsaved")) if alive else None
+    if cost:
+        kv("unsaved", (cost, "yellow"))
 
     # the last checkpoint
     ck = st.get("last_checkpoint")
@@ -297,6 +306,11 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True) -> list[Ite
         kv("stop", (f"stopped: {STOP_REASONS.get(reason, reason)}", style))
     elif state in FINAL_STATES or state in PARKED_STATES:
         kv("stop", (f"stopped ({state})", "bold yellow"))
+    if state in ("STOPPED", "FAILED") and not alive:
+        cmd = f"shoprld run -c {config}" if config is not None else "shoprld run -c <campaign file>"
+        unit = f"shoprld@{config.stem}" if config is not None else "shoprld@NAME"
+        first = "fix the cause above, then " if state == "FAILED" else ""
+        kv("resume", (f"{first}{cmd}", "bold"), (f"  (under systemd: systemctl start {unit})", "dim"))
     else:
         n_done = _int(sc.get("rounds_done"), len(done))
         n_all = _int(sc.get("rounds"), rounds)
@@ -418,7 +432,7 @@ def run_status(config_path: Path, as_json: bool = False, watch: bool = False, in
         if not tty:
             unicode = _unicode_ok(out)
             while True:
-                out.write(render_plain(view(collect(config_path), time.time(), unicode=unicode)))
+                out.write(render_plain(view(collect(config_path), time.time(), unicode=unicode, config=config_path)))
                 if not watch:
                     return 0
                 out.write("\n")  # frames are separated by one blank line
@@ -430,7 +444,7 @@ def run_status(config_path: Path, as_json: bool = False, watch: bool = False, in
         unicode = not console.options.ascii_only
 
         def frame() -> Any:
-            return render_rich(view(collect(config_path), time.time(), unicode=unicode), console)
+            return render_rich(view(collect(config_path), time.time(), unicode=unicode, config=config_path), console)
 
         if not watch:
             console.print(frame())

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
+from shoprld.daemon.foundation.bundles import py_spy_binary
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from shoprld.daemon.foundation.endpoints import endpoint_problems
@@ -128,6 +129,9 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
     out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
     out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
+    spy = py_spy_binary()
+    out(f"  py-spy: {spy} (a stall's bundle gets the trainer's stacks)\n" if spy else
+        "  py-spy: not installed: a stall's bundle will have no stack dump; fix: pip install 'shoprld[debug]'\n")
     for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
         out(f"  WARNING: {w}\n")
     if print_commands and any(p.template for p in invalid):

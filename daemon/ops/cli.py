@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-commands", action="store_true", help="print every stage's resolved command")
     p.add_argument("--placeholders", action="store_true", help="list the known {placeholders}")
 
+    p = sub.add_parser("notify-test", help="send one [test] page to every notify endpoint; exit 3 if any fails")
+    _config_arg(p)
+
+    p = sub.add_parser("notify-crashed", help="page 'crashed' unless the daemon runs (for systemd OnFailure= or a "
+                                              "supervisor's listener)")
+    _config_arg(p)
+    p.add_argument("--reason", default="", help="a line saying what noticed the death (e.g. 'start limit hit')")
+
     p = sub.add_parser("rehearse", help="run one tiny round of this campaign's real tools on stand-ins for slime, "
                                         "the val server and the analyst API; a verdict per stage")
     _config_arg(p)
@@ -215,6 +223,18 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
 
     return run_rehearse(Path(args.config), keep=args.keep, real_analyst=args.real_analyst, debug=args.debug,
                         notify=args.notify)
+
+
+def cmd_notify_test(args: argparse.Namespace) -> int:
+    from shoprld.daemon.ops.notifytest import run_notify_test  # lazy: the status path stays on the stdlib
+
+    return run_notify_test(Path(args.config))
+
+
+def cmd_notify_crashed(args: argparse.Namespace) -> int:
+    from shoprld.daemon.ops.notifytest import run_notify_crashed  # lazy: the status path stays on the stdlib
+
+    return run_notify_crashed(Path(args.config), reason=args.reason)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

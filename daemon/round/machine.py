@@ -394,10 +394,19 @@ def _retry(state: State, outcome: Ending, c: Counters, retry: RetryPolicy) -> De
     c = replace(c, restarts=c.restarts + 1, failures={**c.failures, state: n},
                 last_cause={**c.last_cause, state: cause.name} if cause is not None else c.last_cause)
     if not may_retry(n, retry.retries):
-        return _fail(state, c, f"{state.value} failed after {retry.retries + 1} attempts: {outcome.message}",
-                     EXIT_STAGE, "failed")
+        return _fail(state, c, f"{state.value} failed after {retry.retries + 1} attempts: {outcome.message}"
+                     + _why(cause, outcome.message), EXIT_STAGE, "failed")
     return Decision(state, RETRY, Retry(Backoff(retry.backoff).delay(n), outcome.message),
                     replace(c, attempt=c.attempt + 1))
+
+
+def _why(cause: Cause | None, message: str) -> str:
+    """`` (cause: NAME: DECISIVE LINE)``: the stage's symptom ("not written") is not why it
+    failed; "" when unknown or when the message already says it."""
+    if cause is None or f"cause: {cause.name}" in message:
+        return ""
+    detail = f": {cause.detail}" if cause.detail and cause.detail not in message else ""
+    return f" (cause: {cause.name}{detail})"
 
 
 def _park(state: State, c: Counters, reason: str, *, enospc: bool = False) -> Decision:

@@ -90,7 +90,7 @@ def test_crash_and_stall_are_notified_bundled_and_measured(tmp_path: Path) -> No
     assert watch.scans > 10 and watch.hits == []
     assert r.events() == ["recovered", "round_done", "stalled", "recovered", "round_done", "done"]
     stalled = r.requests[2].json()
-    assert stalled["round_id"] == "round-001" and stalled["state"] == "TRAIN" and stalled["cause"] == "unknown"
+    assert stalled["round_id"] == "round-001" and stalled["state"] == "TRAIN" and stalled["cause"] == "stall"
     bundle = Path(stalled["bundle"])
     assert bundle.name == "round-001-TRAIN-1"
     spy = (bundle / "py-spy.txt").read_text()
@@ -99,15 +99,15 @@ def test_crash_and_stall_are_notified_bundled_and_measured(tmp_path: Path) -> No
     else:
         assert spy == bundles.PY_SPY_ABSENT
     doc = json.loads((bundle / "bundle.json").read_text())
-    assert doc["stalled"] and doc["argv"][1].endswith("slime_train.py")
+    assert doc["stalled"] and doc["argv"][1].endswith("slime_train.py") and doc["stopped_by"].startswith("shoprld")
     crash = json.loads((bundle.parent / "round-000-TRAIN-1" / "bundle.json").read_text())
     assert crash["exit_status"] == 1 and "crashing at rollout 12" in (bundle.parent / "round-000-TRAIN-1" /
                                                                       "log-tail.txt").read_text()
     failed = [j for j in journal(tmp_path) if j["event"] == "attempt.failed"]
     assert [(j["round"], j["state"], j["cause"]["name"]) for j in failed] == [(0, "TRAIN", "unknown"),
-                                                                              (1, "TRAIN", "unknown")]
+                                                                              (1, "TRAIN", "stall")]
     rows = ledger_rows(tmp_path)
-    assert [row[-1] for row in rows] == ["TRAIN:unknown", "TRAIN:unknown"]  # the causes column
+    assert [row[-1] for row in rows] == ["TRAIN:unknown", "TRAIN:stall"]  # the causes column
     assert status(tmp_path)["last_failure"]["bundle"] == str(bundle)
     fams = {f.name: f for f in text_string_to_metric_families((tmp_path / "textfile" / "shoprld.prom").read_text())}
     values = {(s.name, s.labels.get("state") or s.labels.get("round")): s.value for f in fams.values() for s in f.samples}

@@ -125,9 +125,39 @@ def test_digest_summarises_the_journal_since_the_last_one() -> None:
     recs = [{"t": 5, "event": "attempt.failed", "cause": {"name": "cuda_oom"}},
             {"t": 10, "event": "attempt.failed", "cause": {"name": "cuda_oom"}},
             {"t": 11, "event": "train.stall"}, {"t": 12, "event": "transition", "trigger": "retry", "dst": "TRAIN"},
+            {"t": 13, "event": "round.done", "round": 0, "val": 0.5},
             {"t": 13, "event": "transition", "trigger": "next_round", "dst": "TRAIN", "round": 1}]
     text = digest_text(recs, since=8)
-    assert "cuda_oom x1" in text and "stalls 1, restarts 1" in text and "round-001" in text
+    assert "cuda_oom x1" in text and "stalls 1, restarts 1" in text
+    assert "rounds finished: round-000 (val 0.5);" in text and "round-001" not in text
+
+
+def test_digest_lists_each_finished_round_once() -> None:
+    """A 3-round campaign stopped once in round 1: the journal's transitions name the round
+    they enter (next_round names the next one, finish and a resume repeat the last), so only
+    the ``round.done`` records say which rounds finished, each once, in order."""
+    recs: list[dict[str, Any]] = []
+    t = 0
+
+    def add(event: str, **f: Any) -> None:
+        nonlocal t
+        t += 1
+        recs.append({"t": t, "event": event, **f})
+
+    add("transition", trigger="start", dst="TRAIN", round=0)
+    add("round.done", round=0, val=0.25)
+    add("transition", trigger="next_round", dst="TRAIN", round=1)
+    add("transition", trigger="stop", dst="STOPPED", round=1)
+    add("transition", trigger="resume", dst="TRAIN", round=1)
+    add("round.done", round=1, val=0.375)
+    add("transition", trigger="next_round", dst="TRAIN", round=2)
+    add("round.done", round=2, val=0.5)
+    add("transition", trigger="finish", dst="DONE", round=2)
+    text = digest_text(recs, since=None)
+    assert text.startswith("rounds finished: round-000 (val 0.25), round-001 (val 0.375), round-002 (val 0.5); ")
+    assert text.endswith("now: DONE")
+    # Since the second round's record: only the rounds finished from then on.
+    assert digest_text(recs, since=6).startswith("rounds finished: round-001 (val 0.375), round-002 (val 0.5); ")
 
 
 def _cfg(tmp_path: Path, notify: dict[str, Any]) -> Any:
@@ -147,3 +177,40 @@ def test_config_errors_are_one_line(tmp_path: Path) -> None:
         secrets.require(cfg.required_secrets())
     assert str(e.value) == (f"{tmp_path / '.env'}: SHOPRLD_SLACK_URL is not set (required by "
                             f"notify.endpoints[0].url_env); fix: add a line SHOPRLD_SLACK_URL=... to that file")
+
+
+def _send_failed(alerts: Alerts, text: str) -> None:
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(alerts.run)
+            alerts.post("failed", text, round=0, state="INJECT", cause="python_exception",
+                        bundle="/e/logs/attempts/round-000-INJECT-3", detail="KeyError: 'rho'",
+                        advice="fix the error above")
+            with anyio.fail_after(20):
+                await alerts.drain(20)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_a_failed_page_says_why_on_every_endpoint_kind(tmp_path: Path) -> None:
+    """The decisive line (the exception), the advice and the bundle: structured fields in the
+    webhook JSON, one readable line on Slack and ntfy, the cause said once."""
+    text = "INJECT failed after 3 attempts: curriculum.json: not written by inject.command"
+    with Receiver() as r:
+        for kind in ("webhook", "slack", "ntfy"):
+            alerts, _ = _alerts(tmp_path / kind, r.url, kind=kind)
+            _send_failed(alerts, text)
+    hook, slack, ntfy = r.requests
+    body = hook.json()
+    assert (body["cause"], body["detail"], body["advice"]) == ("python_exception", "KeyError: 'rho'", "fix the error above")
+    assert body["bundle"] == "/e/logs/attempts/round-000-INJECT-3" and body["message"] == text
+    line = (f"{text} (cause: python_exception: KeyError: 'rho'); fix: fix the error above; "
+            f"bundle: /e/logs/attempts/round-000-INJECT-3")
+    assert slack.json()["text"] == f"*shoprld demo: failed round-000*: {line}"
+    assert ntfy.body.decode() == line
+    # A message that already names the cause and its line (the machine's "failed after" line) keeps it once.
+    with Receiver() as r:
+        alerts, _ = _alerts(tmp_path / "again", r.url, kind="slack")
+        _send_failed(alerts, f"{text} (cause: python_exception: KeyError: 'rho')")
+    assert r.requests[0].json()["text"].count("KeyError") == 1

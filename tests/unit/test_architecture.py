@@ -78,6 +78,7 @@ _CLI_WHY = "the CLI imports one command per import: `shoprld status` (and `stop`
 LOCAL_IMPORTS = {
     (_CLI, "shoprld.daemon.ops.check"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.rehearse"): _CLI_WHY,
+    (_CLI, "shoprld.daemon.ops.notifytest"): _CLI_WHY,
     (_CLI, "shoprld.daemon.foundation.templates"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.run"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.demo"): _CLI_WHY,

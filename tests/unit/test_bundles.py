@@ -65,3 +65,45 @@ def test_bundle_files_are_redacted_and_never_overwritten(tmp_path: Path) -> None
     assert "not found" in (first / "nvidia-smi.txt").read_text()
     assert SECRET not in "".join(p.read_text() for p in first.iterdir())
     assert bundles.causes_of_round(logs, "round-000") == "TRAIN:cuda_oom TRAIN:cuda_oom"
+
+
+def _bundle(logs: Path, rid: str, attempt: int, cause: str, *, stalled: bool = False) -> Path:
+    log = logs.parent / "stage.log"
+    log.write_text("rollout 4/20\n")
+    dest = bundles.free_attempt_dir(logs, rid, "TRAIN", attempt)
+    assert anyio.run(lambda: bundles.write_bundle(
+        dest, round_id=rid, state="TRAIN", attempt=attempt, exit_status=0 if stalled else 1,
+        cause={"name": cause, "detail": "d", "advice": "a"}, argv=["python"], message="m", log_path=log,
+        stalled=stalled, redactor=with_pattern({}, None).redactor, nvidia_smi="no-such-nvidia-smi")) is None
+    return dest
+
+
+def test_a_stall_bundle_says_shoprld_stopped_it(tmp_path: Path) -> None:
+    """Exit status 0 of a trainer we stopped for a stall is not a clean exit: the bundle says so."""
+    doc = json.loads((_bundle(tmp_path / "logs", "round-000", 1, "stall", stalled=True) / "bundle.json").read_text())
+    assert doc["exit_status"] == 0 and doc["stopped_by"].startswith("shoprld: no training step")
+    assert "stopped_by" not in json.loads((_bundle(tmp_path / "logs", "round-000", 2, "unknown") / "bundle.json").read_text())
+
+
+def test_prune_keeps_the_newest_n_per_cause_and_every_bundle_json(tmp_path: Path) -> None:
+    """Six python_exception bundles and one cuda_oom, keep 2: the four oldest python_exception
+    bundles lose their files but keep bundle.json (so the ledger's causes column is unchanged);
+    the cuda_oom one is untouched; pruning again changes nothing."""
+    logs = tmp_path / "logs"
+    made = [_bundle(logs, f"round-00{i // 3}", i % 3 + 1, "python_exception") for i in range(6)]
+    oom = _bundle(logs, "round-001", 9, "cuda_oom")
+    for i, d in enumerate(made):  # written_at in order, whatever the clock's resolution
+        doc = json.loads((d / "bundle.json").read_text())
+        doc["written_at"] = 1000.0 + i
+        (d / "bundle.json").write_text(json.dumps(doc))
+    before = bundles.causes_of_round(logs, "round-000"), bundles.causes_of_round(logs, "round-001")
+    pruned = bundles.prune(logs, 2)
+    assert pruned == made[:4] or sorted(pruned) == sorted(made[:4])
+    for d in made[:4]:
+        assert [p.name for p in d.iterdir()] == ["bundle.json"]
+        assert json.loads((d / "bundle.json").read_text())["pruned_at"] > 0
+    for d in [*made[4:], oom]:
+        assert {"bundle.json", "log-tail.txt", "nvidia-smi.txt"} <= {p.name for p in d.iterdir()}
+    assert (bundles.causes_of_round(logs, "round-000"), bundles.causes_of_round(logs, "round-001")) == before
+    assert bundles.prune(logs, 2) == []
+    assert bundles.prune(tmp_path / "none", 2) == []

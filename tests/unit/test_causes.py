@@ -34,6 +34,20 @@ CASES = [
     (causes.SGLANG_DIED, "[2026-12-01 03:14:07] Rank 0 scheduler is dead. Please check if there are relevant logs.\n"),
     (causes.SGLANG_DIED, "[2026-12-01 03:14:07] Received sigquit from a child process. It usually means the child "
      "failed.\n"),
+    (causes.NCCL_ERROR, "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, unhandled "
+     "system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclSystemError: System call "
+     "(e.g. socket, malloc) or external library call failed or device error.\n"),
+    (causes.NCCL_ERROR, "node-3:4121:4190 [0] NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory\n"),
+    (causes.RAY_ACTOR_DIED, "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+     "\tclass_name: RolloutRayActor\n\tactor_id: 9f2c...\n"),
+    (causes.RAY_ACTOR_DIED, "(raylet) A worker died or was killed while executing a task by an unexpected system "
+     "error.\nray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n"),
+    (causes.SEGFAULT, "Fatal Python error: Segmentation fault\n\nThread 0x00007f3a (most recent call first):\n"
+     "  File \"/opt/conda/lib/python3.10/site-packages/torch/cuda/__init__.py\", line 302 in _lazy_init\n"),
+    (causes.BUS_ERROR, "Fatal Python error: Bus error\n\nThread 0x00007f3a (most recent call first):\n"
+     "  File \"/opt/conda/lib/python3.10/site-packages/torch/multiprocessing/reductions.py\", line 560\n"),
+    (causes.BUS_ERROR, "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+     "shared memory (shm).\nBus error (core dumped)\n"),
 ]
 
 
@@ -81,9 +95,47 @@ def test_gpu_xid_comes_from_the_kernel_log() -> None:
 
 
 def test_unknown_says_the_exit_status_and_a_stall_says_it_stalled() -> None:
-    """Nothing recognisable: unknown, with the exit status, or the stall."""
+    """Nothing recognisable: unknown, with the exit status; a stall is `stall`, stopped by us,
+    whatever the exit status of that stop (0 for a trainer that handles SIGTERM)."""
     assert classify(exit_status=3, log_tail="rollout 4/20\n").detail == "exit status 3"
-    assert "stalled" in classify(exit_status=None, log_tail="", stalled=True).detail
+    stall = classify(exit_status=0, log_tail="rollout 4/20\n", stalled=True)
+    assert stall.name == causes.STALL and "stopped by shoprld" in stall.detail and "rollout 4/20" in stall.detail
+    tail = "Traceback (most recent call last):\n  File \"w.py\", line 1\nKeyError: 'rho'\nrollout 4/20\n"
+    assert classify(exit_status=-15, log_tail=tail, stalled=True).detail.endswith("last exception: KeyError: 'rho'")
+
+
+OOM_KILL = ("Out of memory: Killed process 4121 (python) total-vm:812345678kB, anon-rss:120000000kB, "
+            "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:300000kB oom_score_adj:0")
+
+
+@pytest.mark.parametrize("status", [-9, 137])
+def test_sigkill_with_the_oom_killer_line_is_a_host_oom(status: int) -> None:
+    """Signal 9 (or a shell's 137) with the kernel's OOM-killer line since the attempt began: oom,
+    the kernel's line as the detail. Without that line: unknown, naming SIGKILL and who may have sent it."""
+    kmsg = f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python,pid=4121,uid=0\n{OOM_KILL}\n"
+    cause = classify(exit_status=status, log_tail="rollout 4/20\n", kernel_log=kmsg)
+    assert cause.name == causes.HOST_OOM and "pid=4121" in cause.detail and "RAM" in cause.advice
+    bare = classify(exit_status=status, log_tail="rollout 4/20\n")
+    assert bare.name == causes.UNKNOWN and bare.detail == f"killed by SIGKILL (exit status {status})"
+    assert "OOM-killer" in bare.advice
+    # Not signal 9: an OOM line in the kernel log is not this attempt's cause.
+    assert classify(exit_status=1, log_tail="", kernel_log=kmsg).name == causes.UNKNOWN
+
+
+def test_sigsegv_and_sigbus_by_signal_and_the_shm_hint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A silent death by SIGSEGV/SIGBUS is named by the signal; a Bus error's advice gives /dev/shm's
+    size when it is small (a real 64 MiB tmpfs stands in for a container's /dev/shm)."""
+    from tests.fsfixtures import FsUnavailable, mount_tmpfs
+
+    assert classify(exit_status=-11, log_tail="rollout 4/20\n").name == causes.SEGFAULT
+    assert classify(exit_status=139, log_tail="").detail == "killed by SIGSEGV (exit status 139)"
+    assert classify(exit_status=-7, log_tail="").name == causes.BUS_ERROR
+    try:
+        with mount_tmpfs("64m", base=tmp_path) as shm:
+            advice = classify(exit_status=-7, log_tail="", shm=str(shm)).advice
+    except FsUnavailable as exc:
+        pytest.skip(str(exc))
+    assert advice.startswith(f"{shm} is 64 MiB: too small") and "--shm-size" in advice
 
 
 @settings(max_examples=50, deadline=None)
@@ -91,5 +143,6 @@ def test_unknown_says_the_exit_status_and_a_stall_says_it_stalled() -> None:
 def test_classify_never_raises_on_any_log(tail: str, status: int | None, stalled: bool, kmsg: str) -> None:
     """Whatever a child printed, classification returns a known cause with a one-line detail."""
     cause = classify(exit_status=status, log_tail=tail, stalled=stalled, kernel_log=kmsg)
-    known = {p.name for p in PATTERNS} | {causes.GPU_XID, causes.PYTHON_EXCEPTION, causes.UNKNOWN}
+    known = {p.name for p in PATTERNS} | {causes.GPU_XID, causes.PYTHON_EXCEPTION, causes.UNKNOWN, causes.STALL,
+                                          causes.HOST_OOM}
     assert cause.name in known and "\n" not in cause.detail

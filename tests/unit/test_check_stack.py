@@ -153,3 +153,31 @@ def test_conda_stages_are_probed_with_the_interpreter_name_they_run() -> None:
     run = Path(__file__).resolve().parents[2] / "run"
     got = {(py, prefix) for py, prefix, _ in stage_interpreters(load_config(run / "slime-4xa800.toml"))}
     assert ("python3", "/root/miniconda3/envs/slime") in got
+
+
+def test_check_says_whether_py_spy_is_there(tmp_path: Path) -> None:
+    """A stall's bundle needs py-spy for the stacks: check says where it is, or that it is missing."""
+    _smi(tmp_path / "bin", 4)
+    res = _check(_campaign(tmp_path), tmp_path / "bin")
+    assert "py-spy: not installed: a stall's bundle will have no stack dump; fix: pip install 'shoprld[debug]'" \
+        in res.stdout or "py-spy: /" in res.stdout  # a venv with the [debug] extra has it beside python
+    if "not installed" in res.stdout:
+        spy = tmp_path / "bin" / "py-spy"
+        spy.write_text("#!/bin/sh\nexit 0\n")
+        spy.chmod(0o755)
+        assert f"py-spy: {spy} (a stall's bundle gets the trainer's stacks)" in _check(_campaign(tmp_path), tmp_path / "bin").stdout
+
+
+def test_check_refuses_a_metrics_textfile_where_nothing_can_be_written(tmp_path: Path) -> None:
+    """A textfile under a regular file (a typo'd path): one NOT READY line, exit 3; a directory
+    not made yet is fine (the writer makes it)."""
+    _smi(tmp_path / "bin", 4)
+    c = _campaign(tmp_path)
+    (tmp_path / "afile").write_text("")
+    base = c.read_text()
+    c.write_text(base + f'\n[metrics]\ntextfile = "{tmp_path}/afile/shoprld.prom"\n')
+    res = _check(c, tmp_path / "bin")
+    assert res.returncode == 3
+    assert [ln for ln in res.stdout.splitlines() if "metrics.textfile" in ln and f"{tmp_path}/afile" in ln]
+    c.write_text(base + f'\n[metrics]\ntextfile = "{tmp_path}/not-yet/shoprld.prom"\n')
+    assert "metrics.textfile" not in _check(c, tmp_path / "bin").stdout

@@ -70,3 +70,27 @@ def test_the_live_line_is_redrawn_in_place_and_other_lines_clear_it() -> None:
     assert len(lines) == 3 and lines[-1] == ""  # two state changes; the progress lived inside the second line
     assert lines[1].count("\r\x1b[2K") == 5 and "4/4" in lines[1] and lines[1].endswith("EXPORT_HF  (from TRAIN, trained)")
     assert "stage.spawn" not in text and "{" not in text
+
+
+def test_cause_lines_are_whole_and_the_fatal_line_is_left_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an 80-column terminal: an `! attempt.failed` line says why and is not cut (its end is
+    the bundle's path); the fatal `campaign.failed` line is not drawn here at all, since `shoprld
+    run` prints it in full as its last line; an info line is still cut to the width."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _Tty()
+    bundle = "/ephemeral/demo/logs/attempts/round-000-TRAIN-1"
+    try:
+        configure(stream=out, compact=Campaign(rounds=2, steps_per_round=4))
+        log = structlog.get_logger("t")
+        log.warning("attempt.failed", state="TRAIN", attempt=1, cause="python_exception", bundle=bundle,
+                    message=f"round-000 TRAIN attempt 1: python_exception (KeyError: 'rho'); bundle {bundle}")
+        log.error("campaign.failed", message="TRAIN failed after 3 attempts: " + "x" * 100, exit_code=6)
+        log.info("transition", src="START_SHOPSIM", dst="TRAIN", trigger="shopsim_ready" + "y" * 100, round=0)
+    finally:
+        configure(stream=io.StringIO())
+        logging.getLogger().setLevel(logging.WARNING)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(f"! attempt.failed: round-000 TRAIN attempt 1: python_exception (KeyError: 'rho'); "
+                             f"bundle {bundle}")
+    assert len(lines[1]) == 79 and "campaign.failed" not in out.getvalue()

@@ -178,6 +178,11 @@ def test_retries_back_off_then_fail_with_the_count() -> None:
     assert waits == [5.0, 10.0] and c.attempt == 3 and c.restarts == 2
     d = run(S.VAL, Ending("retry", "boom"), c)
     assert d.action == Fail("VAL failed after 3 attempts: boom", EXIT_STAGE, "failed")
+    # With a classified cause, the decisive line rides along (not only the symptom).
+    why = Cause("python_exception", "KeyError: 'rho'", "fix it")
+    d = run(S.VAL, Ending("retry", "curriculum.json: not written by inject.command", cause=why), c)
+    assert d.action == Fail("VAL failed after 3 attempts: curriculum.json: not written by inject.command "
+                            "(cause: python_exception: KeyError: 'rho')", EXIT_STAGE, "failed")
     assert run(S.VAL, Ending("done"), c).counters.attempt == 1  # done forgets the failures
     assert run(S.VAL, Ending("done"), c).counters.failures == {}
 
