@@ -137,6 +137,13 @@ async def run(ctx: RoundContext) -> Outcome:
             return Outcome.retry(problem)
     sidecar = await _start_sidecar(ctx)
     resume: ResumePoint | None = None
+    if trainer is None and _trained(ctx):
+        # The round's trainer finished while this attempt prepared (a job that ended during a
+        # daemon's restart, seen on a real Ray head): never launch a second one over its end.
+        await _stop_sidecar(ctx, sidecar)
+        await ctx.launcher.idle()
+        return Outcome.done(f"{ctx.plan.checkpoint_name} complete (the trainer ended before the relaunch)",
+                            progressed=True)
     if trainer is None:
         resume = resume_point(ctx)  # read before the launch: the trainer may save soon after
         # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.

@@ -332,14 +332,16 @@ class RayLauncher:
         """This round's live job, asked of Ray before anything else in TRAIN (issue 27): a job
         that outlived its daemon, or that the daemon lost sight of while the Jobs API did not
         answer, is re-attached: no emit, no resume check, no leak or GPU recovery under it.
-        None when no head answers and none of ours runs. Raises :class:`RayJobsError` when our
-        head runs but its API does not answer: a live job may be there, so nothing is launched."""
+        None when no head answers and none of ours runs (it is ours to start). Raises
+        :class:`RayJobsError` when the API does not answer while our head runs, or on a cluster
+        shoprld does not start: a live job may be there, so nothing is launched blind."""
         if role not in self.roles:
             return await self.inner.live(role, log=log, round=round)
         if not await self.client.reachable():
-            if self.head_running():
-                raise RayJobsError(f"the Ray head shoprld started runs, but its Jobs API at "
-                                   f"{self.cfg.train.ray_address} does not answer")
+            if self.head_running() or not self.cfg.train.ray_start_head:
+                # Our head runs, or the cluster is not ours to start: a job may be live there.
+                raise RayJobsError(f"the Ray Jobs API at {self.cfg.train.ray_address} does not answer"
+                                   + (" (the head shoprld started runs)" if self.head_running() else ""))
             return None
         log.parent.mkdir(parents=True, exist_ok=True)
         return await self._attach(role, round.round_id, await self._ours(), log, [])

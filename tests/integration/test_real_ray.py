@@ -218,6 +218,67 @@ def test_trainer_jobs_survive_a_daemon_sigkill_and_are_reattached_not_resubmitte
           f"jobs: {sorted(j['submission_id'] for j in jobs)}")
 
 
+def _dashboard_pid(head: Head) -> int:
+    """The head's dashboard process (its session's `dashboard/dashboard.py`)."""
+    for pid in session_pids(head.sid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"dashboard/dashboard.py" in cmd:
+            return pid
+    raise AssertionError("no dashboard process in the head's session")
+
+
+def test_a_restart_while_the_dashboard_is_stopped_reattaches_and_never_launches_twice(head: Head, tmp_path: Path) -> None:
+    """Issue 27: the daemon is SIGKILLed in TRAIN and restarted while the head's dashboard is
+    SIGSTOPped for 20 s: nothing is launched blind, the live job is re-attached once the API
+    answers, the campaign ends DONE with one job per round, and no wrong-resume verdict."""
+    campaign = create_tree(tmp_path, fast=True, rounds=2)
+    text = campaign.read_text()
+    text = re.sub(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
+    # 2 s a step: round 0's job (21 steps) outlives the 20 s the dashboard is stopped, so the
+    # restarted daemon must re-attach to it (with 1 s it may end during the restart; TRAIN then
+    # takes the finished checkpoint and launches nothing: seen once, now guarded).
+    text = re.sub(r'^step_seconds = ".*"$', 'step_seconds = "2.0"', text, flags=re.MULTILINE)
+    campaign.write_text(text)
+    cfg = load_config(campaign)
+    layout = Layout.from_config(cfg)
+    log0 = layout.stage_log(0, "TRAIN")
+    out = tmp_path / "daemon.out"
+    daemon = start_daemon(campaign, out)
+    second = None
+    dash = _dashboard_pid(head)
+    try:
+        wait_for(lambda: [j for j in head.jobs() if j["status"] == "RUNNING"], 120, "round 0's job RUNNING")
+        wait_for(lambda: log0.exists() and re.search(r" - rollout [3-9]: \{", log0.read_text()), 120, "rollout 3")
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+        os.kill(dash, signal.SIGSTOP)
+        try:
+            second = start_daemon(campaign, out)
+            time.sleep(20)
+        finally:
+            os.kill(dash, signal.SIGCONT)
+        rc = second.wait(timeout=300)
+        assert rc == 0, out.read_text()[-3000:]
+    finally:
+        for p in (daemon, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for sid in tagged_sessions(layout.state_dir):
+            stop_session_sync(sid, grace=5)
+    jobs = head.jobs()
+    print("\n" + "\n".join(f"{j['submission_id']}: {j['status']} {str(j.get('message'))[:300]}" for j in jobs))
+    assert sorted(j["submission_id"] for j in jobs) == [f"{PREFIX}round-000-1", f"{PREFIX}round-001-1"], jobs
+    assert {j["status"] for j in jobs} == {"SUCCEEDED"}
+    records = [json.loads(line) for line in (layout.state_dir / "journal.jsonl").read_text().splitlines()]
+    assert not [r for r in records if "wrong resume" in json.dumps(r).lower()]
+    assert json.loads((layout.state_dir / "status.json").read_text())["state"] == "DONE"
+    print(f"\nreal-ray: daemon SIGKILLed, dashboard SIGSTOPped 20 s during the restart: DONE, jobs {sorted(j['submission_id'] for j in jobs)}")
+
+
 def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by_session(tmp_path: Path) -> None:
     """With train.ray_start_head the launcher starts `ray start --head --block` in its own
     session with RAY_TMPDIR in a deep experiment dir (through the short /tmp link, since

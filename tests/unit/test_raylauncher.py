@@ -397,10 +397,14 @@ async def test_live_finds_the_rounds_running_job_before_anything_is_launched(tmp
 
 @pytest.mark.anyio
 async def test_live_with_no_head_answering_and_none_of_ours_is_none(tmp_path: Path) -> None:
-    """No head answers and no head of ours runs: nothing can be live, TRAIN may launch."""
-    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9")
+    """No head answers and no head of ours runs: nothing can be live, TRAIN may start one; on a
+    cluster shoprld does not start, a silent API is not "nothing runs": nothing is launched blind."""
+    cfg, layout, launcher = setup(tmp_path, "http://127.0.0.1:9", ray_start_head=True, ray_head_command=["true"])
     assert not launcher.head_running()
     assert await launcher.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0)) is None
+    cfg, layout, external = setup(tmp_path / "ext", "http://127.0.0.1:9")
+    with pytest.raises(RayJobsError, match="does not answer"):
+        await external.live("trainer", log=layout.stage_log(0, "TRAIN"), round=resolve(cfg, layout, 0))
 
 
 @pytest.mark.anyio
