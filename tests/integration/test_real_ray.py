@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import resource
 import signal
 import socket
 import subprocess
@@ -314,13 +315,24 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     async def run() -> None:
         nonlocal sid
         with anyio.fail_after(240):
-            argv = [sys.executable, "-c", "print('rollout 0', flush=True)"]
+            # About 60 MiB of SGLang-like request lines (issue 27): followed by offset from the
+            # driver log on this box, the copy's memory stays flat however long the log grows.
+            code = ("import sys\nprint('rollout 0', flush=True)\nline = '[DP0 TP0] INFO: 127.0.0.1 - \"POST "
+                    "/generate HTTP/1.1\" 200 OK #running-req: 61, #token: 412345 ' + 'x' * 120\n"
+                    "for i in range(400000):\n    sys.stdout.write(line + '\\n')\n")
+            argv = [sys.executable, "-c", code]
             child = await launcher.start("trainer", argv, env=env, cwd=tmp_path / "repo",
-                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=argv,
+                                         log=layout.stage_log(0, "TRAIN"), redacted_argv=["python", "-c", "..."],
                                          round=resolve(cfg, layout, 0))
             assert launcher.head is not None
             sid = launcher.head.pid
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             assert await child.wait() == 0
+            grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+            size = layout.stage_log(0, "TRAIN").stat().st_size / 2**20
+            assert child.driver_log is not None and size > 55, (child.driver_log, size)
+            assert grew < 40, f"peak RSS grew {grew:.0f} MiB following a {size:.0f} MiB log"
+            print(f"\nreal head of ours: a {size:.1f} MiB job log followed by offset; peak RSS grew {grew:.1f} MiB")
             assert any(p.name.startswith("session_") for p in (layout.ray_tmp / "ray").iterdir())
             assert await launcher.stop_head(grace=15.0)
         await launcher.client.aclose()
