@@ -14,7 +14,10 @@ from pathlib import Path
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
+from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
+from shoprld.daemon.services.gpucontainer import mode_line
+from shoprld.daemon.services.gpus import build_probe
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem
@@ -69,6 +72,17 @@ def _gpu_count(cfg: Config) -> tuple[str | None, str]:
     return PreflightProblem(problem, f"{cfg.source}:gpus.visible", fix).line(), problem
 
 
+def _gpu_mode(cfg: Config) -> str:
+    """Which GPU hygiene mode applies here: host pids match, or container (NVML's are host pids)."""
+    if cfg.gpus.probe == "none":
+        return 'GPU hygiene: not checked (gpus.probe = "none")'
+    try:
+        probe = build_probe(cfg.gpus.probe, cfg.gpus.nvidia_smi)
+    except ConfigError as exc:  # nvml without nvidia-ml-py: validation reports it too
+        return f"GPU hygiene: {exc}"
+    return mode_line(probe, cfg.gpus.devices)
+
+
 def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = False) -> int:
     if placeholders:
         for name, what in sorted(PLACEHOLDERS.items()):
@@ -111,6 +125,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
     out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
     out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
+    out(f"  {_gpu_mode(cfg)}\n")
     for w in [*gpu["warnings"], *lines(scan_repo(layout.repo, cfg.storage.repo_hygiene_max))]:
         out(f"  WARNING: {w}\n")
     if print_commands and any(p.template for p in invalid):

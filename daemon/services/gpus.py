@@ -460,9 +460,14 @@ async def _look(probe: GpuProbe) -> list[GpuProcess] | None:
 
 async def make_free(probe: GpuProbe, *, visible: Sequence[int], owners: Owners, is_live: Callable[[str], bool],
                     timeout: float, grace: float, emit: Callable[..., None], monotonic: Callable[[], float],
-                    stage: str) -> str | None:
+                    stage: str, free_memory: int = 0, dev_prefix: str = "/dev/nvidia") -> str | None:
     """Wait (at most ``timeout`` s) until no straggler or foreign process holds a visible GPU,
-    stopping the stragglers. None when free (or nothing to check), else the one failure line."""
+    stopping the stragglers. None when free (or nothing to check), else the one failure line.
+
+    When NVML's pids are host pids (:func:`.gpucontainer.detect_mode`), the container mode
+    takes over: ours by their device files, free by memory (``free_memory`` bytes allowed)."""
+    from shoprld.daemon.services import gpucontainer  # it builds on this module's Holder and stop
+
     t0 = monotonic()
     try:
         found = await _look(probe)
@@ -472,6 +477,11 @@ async def make_free(probe: GpuProbe, *, visible: Sequence[int], owners: Owners, 
         return None
     if found is None:
         return None  # no GPUs to check (no driver, no tool): the demo and CI
+    if gpucontainer.detect_mode(found, dev_prefix) == "container":
+        return await gpucontainer.make_free_container(
+            probe, found, look=lambda: _look(probe), visible=visible, owners=owners, is_live=is_live,
+            timeout=timeout, grace=grace, free_memory=free_memory, emit=emit, monotonic=monotonic, t0=t0,
+            stage=stage, dev_prefix=dev_prefix)
     stopped: set[int] = set()
     survivors: set[int] = set()
     announced = False
@@ -539,7 +549,8 @@ async def ensure_free(plan: RoundPlan, host: ChildHost, stage: str, probe: GpuPr
 
     return await make_free(probe or build_probe(g.probe, g.nvidia_smi), visible=g.visible, owners=owners,
                            is_live=is_live, timeout=g.free_timeout, grace=g.straggler_grace, emit=host.emit,
-                           monotonic=host.clock.monotonic, stage=stage)
+                           monotonic=host.clock.monotonic, stage=stage, free_memory=int(g.free_memory),
+                           dev_prefix=g.devices)
 
 
 __all__ = [
