@@ -333,15 +333,23 @@ def _comm(pid: int) -> str:
         return "?"
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Owners,
              is_live: Callable[[str], bool]) -> list[Holder]:
     """The processes on the visible GPUs (one per pid), each sorted as live, straggler or foreign.
 
-    A process on a GPU with no known index is kept (conservatively: it may be on ours)."""
+    A process on a GPU with no known index is kept (conservatively: it may be on ours). A zombie
+    here is gone, whatever the driver still lists (a container's PID 1 does not reap)."""
     seen: set[int] = set()
     out: list[Holder] = []
     for p in procs:
-        if p.pid in seen or (p.gpu is not None and p.gpu not in visible):
+        if p.pid in seen or (p.gpu is not None and p.gpu not in visible) or _zombie(p.pid):
             continue
         seen.add(p.pid)
         role = owners.role_of(p.pid)
