@@ -26,22 +26,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-import anyio
-
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.services.gpuprobes import MIB, GpuProbe, GpuProbeError, GpuProcess
 from shoprld.daemon.services.processes import pid_alive
-
-if TYPE_CHECKING:  # gpus imports this module inside make_free; the names below are for typing
-    from shoprld.daemon.services.gpus import GpuProbe, GpuProcess, Holder, Owners
 
 DEV_PREFIX = "/dev/nvidia"
 Mode = Literal["host", "container"]
-MIB = 1024 * 1024
-_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -91,31 +84,25 @@ def detect_mode(found: Sequence[GpuProcess], dev_prefix: str = DEV_PREFIX) -> Mo
     return "container" if found else "host"
 
 
-def our_holders(owners: Owners, is_live: Callable[[str], bool], dev_prefix: str = DEV_PREFIX) -> list[Holder]:
-    """This campaign's processes (tag or Ray session) holding a CUDA context, each live or straggler.
-
-    Their GPU is the device minor of the first ``/dev/nvidia<N>`` they hold (the minor is not
-    always nvidia-smi's index: shown, never used to filter)."""
-    from shoprld.daemon.services.gpus import GpuProcess, Holder, _comm
-
-    out: list[Holder] = []
+def cuda_pids(role_of: Callable[[int], str | None], dev_prefix: str = DEV_PREFIX) -> list[tuple[int, str, int]]:
+    """(pid, role, GPU device minor) of each process here that ``role_of`` calls ours and that
+    holds a CUDA context. The minor is of the first ``/dev/nvidia<N>`` it holds (not always
+    nvidia-smi's index: shown, never used to filter)."""
+    out: list[tuple[int, str, int]] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        role = owners.role_of(pid)
+        role = role_of(pid)
         if role is None or not pid_alive(pid):
             continue
         fds = device_fds(pid, dev_prefix)
-        if fds is None or not fds.cuda:
-            continue
-        kind: Literal["live", "straggler"] = "live" if role != ChildRole.RAY and is_live(role) else "straggler"
-        out.append(Holder(GpuProcess(pid, None, min(fds.minors), f"{dev_prefix}{min(fds.minors)}"), kind, role,
-                          _comm(pid)))
+        if fds is not None and fds.cuda:
+            out.append((pid, role, min(fds.minors)))
     return out
 
 
-def _on_visible(found: Sequence[GpuProcess], visible: Sequence[int]) -> list[GpuProcess]:
+def on_visible(found: Sequence[GpuProcess], visible: Sequence[int]) -> list[GpuProcess]:
     return [p for p in found if p.gpu is None or p.gpu in visible]
 
 
@@ -143,7 +130,7 @@ def _mem(used: int | None) -> str:
     return "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
 
 
-def failure_line(rest: Sequence[GpuProcess], stragglers: Sequence[Holder], *, timeout: float, stage: str,
+def failure_line(rest: Sequence[GpuProcess], survivors: Sequence[str], *, timeout: float, stage: str,
                  allowed: int) -> str:
     """ONE line: the host pids still holding memory (not ours), our survivors, and the fix."""
     parts = []
@@ -159,8 +146,8 @@ def failure_line(rest: Sequence[GpuProcess], stragglers: Sequence[Holder], *, ti
         total = held_bytes(rest)
         parts.append(f"GPU memory still held ({_mem(total)} > gpus.free_memory {allowed // MIB} MiB) by "
                      f"{', '.join(named)}, not ours (NVML lists host pids here; no process of ours holds them)")
-    if stragglers:
-        parts.append("still alive after SIGKILL: " + ", ".join(h.phrase(survived=True) for h in stragglers[:4]))
+    if survivors:
+        parts.append("ours still alive: " + ", ".join(survivors[:4]))
     gpus = sorted({str(p.gpu) for p in rest if p.gpu is not None})
     fix = ("end them from the host or the instance's console (shoprld never stops a process that is not its own)"
            if rest else "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU")
@@ -169,75 +156,13 @@ def failure_line(rest: Sequence[GpuProcess], stragglers: Sequence[Holder], *, ti
             f"starts; fix: {fix}{where}")
 
 
-def _as_dict(p: GpuProcess) -> dict[str, object]:
+def as_dict(p: GpuProcess) -> dict[str, object]:
     return {"host_pid": p.pid, "gpu": p.gpu, "uuid": p.uuid,
             "used_mib": None if p.used_bytes is None else round(p.used_bytes / MIB)}
 
 
-async def make_free_container(probe: GpuProbe, found: list[GpuProcess], *, look: Callable[[], Awaitable[list[GpuProcess] | None]],
-                              visible: Sequence[int], owners: Owners, is_live: Callable[[str], bool],
-                              timeout: float, grace: float, free_memory: int, emit: Callable[..., None],
-                              monotonic: Callable[[], float], t0: float, stage: str,
-                              dev_prefix: str = DEV_PREFIX) -> str | None:
-    """:func:`~.gpus.make_free` in container mode (``found``: NVML's first list). None when free."""
-    from shoprld.daemon.services.gpus import GpuProbeError, stop_stragglers
-
-    stopped: set[int] = set()
-    announced = False
-    rest: list[GpuProcess] = []
-    left: list[Holder] = []
-
-    def judge(listed: list[GpuProcess]) -> tuple[bool, list[Holder], list[Holder], list[GpuProcess]]:
-        ours = our_holders(owners, is_live, dev_prefix)
-        live = [h for h in ours if h.kind == "live"]
-        strag = [h for h in ours if h.kind == "straggler"]
-        _, others = split_memory(_on_visible(listed, visible), len(live))
-        held = held_bytes(others)
-        return (not strag and held is not None and held <= free_memory), live, strag, others
-
-    def free_event(live: list[Holder], others: list[GpuProcess]) -> None:
-        emit("gpu.free", stage=stage, probe=probe.name, mode="container", waited_s=round(monotonic() - t0, 3),
-             kept=[h.as_dict() for h in live], held_mib=round((held_bytes(others) or 0) / MIB),
-             listed=[_as_dict(p) for p in others])
-
-    with anyio.move_on_after(max(0.0, timeout - (monotonic() - t0))):
-        while True:
-            ok, live, left, rest = judge(found)
-            if ok:
-                free_event(live, rest)
-                return None
-            if not announced:
-                announced = True
-                emit("gpu.wait", stage=stage, probe=probe.name, mode="container", timeout_s=timeout,
-                     holders=[h.as_dict() for h in live + left], listed=[_as_dict(p) for p in found],
-                     free_memory_mib=free_memory // MIB)
-            new = [h for h in left if h.proc.pid not in stopped]
-            if new:
-                stopped.update(h.proc.pid for h in new)
-                await stop_stragglers(new, owners=owners, is_live=is_live, grace=grace, emit=emit)
-            else:
-                await anyio.sleep(_POLL_S)
-            try:
-                found = await look() or []
-            except GpuProbeError as exc:
-                emit("gpu.probe_error", stage=stage, probe=probe.name, error=str(exc))
-                return None
-    try:  # the deadline: one last look (the driver frees a killed process's memory a little late)
-        last = await look()
-    except GpuProbeError:
-        last = None
-    if last is not None:
-        ok, live, left, rest = judge(last)
-        if ok:
-            free_event(live, rest)
-            return None
-    return failure_line(rest, left, timeout=timeout, stage=stage, allowed=free_memory)
-
-
 def mode_line(probe: GpuProbe, dev_prefix: str = DEV_PREFIX) -> str:
     """``check``'s one line: which hygiene mode applies on this machine now."""
-    from shoprld.daemon.services.gpus import GpuProbeError
-
     try:
         found = probe.compute_apps()
     except GpuProbeError as exc:
@@ -254,5 +179,5 @@ def mode_line(probe: GpuProbe, dev_prefix: str = DEV_PREFIX) -> str:
             f"holders found by their {dev_prefix}* fds, free judged by memory used (probe {probe.name})")
 
 
-__all__ = ["DEV_PREFIX", "DeviceFds", "Mode", "detect_mode", "device_fds", "failure_line", "held_bytes",
-           "make_free_container", "mode_line", "our_holders", "split_memory"]
+__all__ = ["DEV_PREFIX", "DeviceFds", "Mode", "as_dict", "cuda_pids", "detect_mode", "device_fds", "failure_line",
+           "held_bytes", "mode_line", "on_visible", "split_memory"]
