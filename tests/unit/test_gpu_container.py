@@ -18,6 +18,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shoprld.daemon.services import gpucontainer, gpus
 from shoprld.daemon.services.gpus import GpuProcess, Owners
@@ -249,3 +251,24 @@ def test_mode_line(tmp_path: Path, nodes: tuple[str, str]) -> None:
                                f"process here); holders found by their {prefix}* fds, free judged by memory used")
     finally:
         _end(holder)
+
+
+@given(st.lists(st.tuples(st.integers(1, 50), st.one_of(st.none(), st.integers(0, 2**40)), st.integers(0, 3)),
+                max_size=20),
+       st.integers(0, 5))
+def test_split_memory_takes_the_largest_pids_for_our_live_children(rows: list[tuple[int, int | None, int]],
+                                                                   n_live: int) -> None:
+    """NVML's list (any pids, sizes, unknown sizes, several GPUs per pid): every entry lands on
+    one side, whole pids only, at most ``n_live`` pids taken, none smaller than one left."""
+    found = [GpuProcess(pid, used, gpu) for pid, used, gpu in rows]
+    taken, rest = gpucontainer.split_memory(found, n_live)
+    assert sorted(taken + rest, key=repr) == sorted(found, key=repr)
+    assert not {p.pid for p in taken} & {p.pid for p in rest} and len({p.pid for p in taken}) <= n_live
+
+    def size(pid: int) -> int:
+        return sum(p.used_bytes or 0 for p in found if p.pid == pid)
+
+    if taken and rest:
+        assert min(size(p.pid) for p in taken) >= max(size(p.pid) for p in rest)
+    held = gpucontainer.held_bytes(rest)
+    assert held is None if any(p.used_bytes is None for p in rest) else held == sum(p.used_bytes or 0 for p in rest)
