@@ -56,6 +56,27 @@ while not os.path.exists(sys.argv[3]):
 time.sleep(float(sys.argv[4]))
 """
 
+# --emulate (a CPU box, to try this script): the "GPU" is a device node pair made in the work dir,
+# a holder holds it open (its memory in $GPU_MIB), and a stand-in nvidia-smi lists what a driver
+# would: the pids of the machine's own PID namespace (read from the outer /proc) holding the node.
+EMU_HOLD = """
+import os, sys, time
+held = [open(p, "rb") for p in os.environ["GPU_NODES"].split(":")]
+open(sys.argv[2], "w").write(str(os.getpid()))
+release = sys.argv[3] if len(sys.argv) > 3 else ""
+while not (release and os.path.exists(release)):
+    time.sleep(0.2)
+time.sleep(float(sys.argv[4]))
+"""
+EMU_SMI = """#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: emulated (UUID: GPU-emu0)";;
+  --query-gpu=index,uuid) echo "0, GPU-emu0";;
+  --query-compute-apps=*) cat {table} 2>/dev/null;;
+  *) exit 9;;
+esac
+"""
+
 _out: Any = None
 
 
@@ -105,14 +126,47 @@ def _child_of(ppid: int) -> int:
     return 0
 
 
-def _check_line(work: Path) -> str:
+def _check_line(work: Path, args: argparse.Namespace | None = None) -> str:
     try:
-        return _check_line_or_raise(work)
+        return _check_line_or_raise(work, args)
     except Exception as exc:  # a report line, never the end of the GPU run
         return f"(shoprld check failed: {type(exc).__name__}: {exc})"
 
 
-def _check_line_or_raise(work: Path) -> str:
+def _probe(args: argparse.Namespace) -> gpus.GpuProbe:
+    return gpus.SmiProbe(str(Path(args.emulate) / "bin" / "nvidia-smi")) if args.emulate else gpus.NvmlProbe()
+
+
+def _prefix(args: argparse.Namespace) -> str:
+    return str(Path(args.emulate) / "dev" / "nvidia") if args.emulate else gpucontainer.DEV_PREFIX
+
+
+def _emulated_driver(emu: Path, stop: Any) -> None:
+    """Every 0.2 s: the pids (of this, the outer, /proc) holding the emulated node, with $GPU_MIB."""
+    import threading  # noqa: F401  (runs in a thread of the outer part)
+
+    node = str(emu / "dev" / "nvidia0")
+    while not stop.is_set():
+        rows = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if _state(int(entry.name)) == "Z" or not any(
+                        os.readlink(f"/proc/{entry.name}/fd/{fd}") == node for fd in os.listdir(f"/proc/{entry.name}/fd")):
+                    continue
+                env = dict(item.split("=", 1) for item in Path(f"/proc/{entry.name}/environ").read_text().split("\0")
+                           if "=" in item)
+            except OSError:
+                continue
+            rows.append(f"{entry.name}, {env.get('GPU_MIB', '1024')}, GPU-emu0\n")
+        tmp = emu / "table.tmp"
+        tmp.write_text("".join(rows))
+        tmp.replace(emu / "table")
+        stop.wait(0.2)
+
+
+def _check_line_or_raise(work: Path, args: argparse.Namespace | None = None) -> str:
     """``shoprld check``'s GPU hygiene line, when shoprld (with its dependencies) is installed here."""
     try:
         from shoprld.daemon.ops.demo import create_tree
@@ -120,14 +174,18 @@ def _check_line_or_raise(work: Path) -> str:
         return f"(shoprld check not run: {exc})"
     tree = work / f"tree-{time.monotonic_ns()}"
     campaign = create_tree(tree, fast=True, rounds=1)
-    campaign.write_text(re.sub(r'^probe = "none"$', 'probe = "nvml"', campaign.read_text(), flags=re.M))
+    probe = 'probe = "nvml"'
+    if args is not None and args.emulate:
+        probe = f'probe = "nvidia-smi"\nnvidia_smi = "{_probe(args).command}"\ndevices = "{_prefix(args)}"'  # type: ignore[attr-defined]
+    campaign.write_text(re.sub(r'^probe = "none"$', probe, campaign.read_text(), flags=re.M))
     out = _sh([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)])
     return next((line.strip() for line in out.splitlines() if "GPU hygiene" in line), out[-400:])
 
 
 # -- inside: the "container" ------------------------------------------------------------------
 async def inside(args: argparse.Namespace) -> int:
-    probe = gpus.NvmlProbe()
+    probe = _probe(args)
+    prefix = _prefix(args)
     work = Path(args.work)
     state_dir = work / "state"
     owners = gpus.Owners.of(state_dir)
@@ -135,11 +193,14 @@ async def inside(args: argparse.Namespace) -> int:
     emit("inside.start", my_pid=os.getpid(), procs_here=sum(e.name.isdigit() for e in os.scandir("/proc")),
          nvml_pids=listed, foreign_host_pid=args.foreign_pid,
          foreign_host_pid_here=pid_alive(args.foreign_pid))
-    emit("check.before", mode_line=gpucontainer.mode_line(probe), shoprld_check=_check_line(work))
+    emit("check.before", mode_line=gpucontainer.mode_line(probe, prefix), shoprld_check=_check_line(work, args))
 
-    env = {**os.environ, CHILD_TAG: f"{state_dir}|trainer"}
+    env = {**os.environ, CHILD_TAG: f"{state_dir}|trainer", "GPU_MIB": str(round(args.gib * 1024))}
+    if args.emulate:
+        env["GPU_NODES"] = f"{prefix}0:{prefix}-uvm"
     ready = work / "ours.ready"
-    stage = await LocalLauncher().start("trainer", [sys.executable, "-c", STAGE, ALLOC, str(args.gib), str(ready)],
+    stage = await LocalLauncher().start("trainer", [sys.executable, "-c", STAGE, EMU_HOLD if args.emulate else ALLOC,
+                                                    str(args.gib), str(ready)],
                                         env=env, cwd=work, log=work / "stage.log", redacted_argv=["stage"])
     rc = await stage.wait()
     log = (work / "stage.log").read_text()
@@ -152,18 +213,18 @@ async def inside(args: argparse.Namespace) -> int:
             break
         time.sleep(0.5)
     now = _nvml_pids(probe)
-    fds = gpucontainer.device_fds(orphan) if orphan else None
+    fds = gpucontainer.device_fds(orphan, prefix) if orphan else None
     emit("stage.exited", stage_pid=stage.pid, returncode=rc, orphan_pid_here=orphan, orphan_alive=pid_alive(orphan),
          orphan_ppid=_sh(["ps", "-o", "ppid=", "-p", str(orphan)]),
          orphan_fds=None if fds is None else {"minors": sorted(fds.minors), "uvm": fds.uvm},
          orphan_host_pid=host_pid, nvml_pids=now)
-    emit("check.with_holders", mode_line=gpucontainer.mode_line(probe), shoprld_check=_check_line(work))
+    emit("check.with_holders", mode_line=gpucontainer.mode_line(probe, prefix), shoprld_check=_check_line(work, args))
 
     # -- case 1: ours is stopped, the foreign one blocks and is named -------------------------
     t0 = time.monotonic()
     line = await gpus.make_free(probe, visible=[0], owners=owners, is_live=lambda role: False,
                                 timeout=args.timeout, grace=args.grace, emit=emit, monotonic=time.monotonic,
-                                stage="trainer")
+                                stage="trainer", dev_prefix=prefix)
     after = _nvml_pids(probe)
     passed1 = (line is not None and f"host pid {args.foreign_pid} " in line and not pid_alive(orphan)
                and args.foreign_pid in after and host_pid not in after)
@@ -176,10 +237,10 @@ async def inside(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     line2 = await gpus.make_free(probe, visible=[0], owners=owners, is_live=lambda role: False,
                                  timeout=args.free_timeout, grace=args.grace, emit=emit, monotonic=time.monotonic,
-                                 stage="trainer")
+                                 stage="trainer", dev_prefix=prefix)
     emit("case.container_free", line=line2, wait_s=round(time.monotonic() - t0, 3), linger_s=args.linger,
          nvml_pids=_nvml_pids(probe), passed=line2 is None)
-    emit("check.after", mode_line=gpucontainer.mode_line(probe))
+    emit("check.after", mode_line=gpucontainer.mode_line(probe, prefix))
     return 0 if passed1 and line2 is None else 1
 
 
@@ -191,24 +252,43 @@ def outside(args: argparse.Namespace) -> int:
          unshare=_sh(["unshare", "--version"]))
     work = Path(tempfile.mkdtemp(prefix="hygc-"))
     ready = work / "foreign.ready"
-    foreign = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", FOREIGN,
+    fenv = dict(os.environ)
+    if args.emulate:
+        import threading
+
+        sys.path.insert(0, str(ROOT))
+        from tests.gpunodes import make_nodes  # the nodes, as the CI tests make them
+
+        args.emulate = str(work)
+        _, fenv["GPU_NODES"] = make_nodes(work / "dev")
+        fenv["GPU_MIB"] = str(round(args.foreign_gib * 1024))
+        (work / "bin").mkdir()
+        smi = work / "bin" / "nvidia-smi"
+        smi.write_text(EMU_SMI.format(table=work / "table"))
+        smi.chmod(0o755)
+        stop = threading.Event()
+        threading.Thread(target=_emulated_driver, args=(work, stop), daemon=True).start()
+    foreign = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                                EMU_HOLD if args.emulate else FOREIGN,
                                 str(args.foreign_gib), str(ready), str(work / "release"), str(args.linger)],
-                               start_new_session=True)
+                               start_new_session=True, env=fenv)
     ok = False
     try:
         deadline = time.monotonic() + 180
         while not ready.exists() and foreign.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         gpid = _child_of(foreign.pid)
-        probe = gpus.NvmlProbe()
+        time.sleep(0.5 if args.emulate else 0)  # the emulated driver's next table
+        probe = _probe(args)
         emit("foreign.started", unshare_pid=foreign.pid, host_pid=gpid, pid_in_its_ns=ready.read_text(),
              nspid=_nspid(gpid), nvml_pids_from_host=_nvml_pids(probe),
-             host_mode_line=gpucontainer.mode_line(probe), host_shoprld_check=_check_line(work))
+             host_mode_line=gpucontainer.mode_line(probe, _prefix(args)), host_shoprld_check=_check_line(work, args))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, __file__, "--inside",
                             "--work", str(work), "--foreign-pid", str(gpid), "--gib", str(args.gib),
                             "--timeout", str(args.timeout), "--free-timeout", str(args.free_timeout),
                             "--grace", str(args.grace), "--linger", str(args.linger),
+                            *(["--emulate", args.emulate] if args.emulate else []),
                             *(["--out", str(args.out)] if args.out else []), "--append"],
                            env=env, timeout=400, check=False)
         ok = r.returncode == 0
@@ -235,6 +315,8 @@ if __name__ == "__main__":
     ap.add_argument("--grace", type=float, default=10.0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--append", action="store_true")
+    ap.add_argument("--emulate", nargs="?", const="1", default="",
+                    help="no GPU: emulated device nodes and a stand-in nvidia-smi (a CPU box; the inner part gets the dir)")
     a = ap.parse_args()
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
