@@ -74,7 +74,7 @@ _POLL_S = 0.5
 
 
 # -- whose is it --------------------------------------------------------------------------------
-Kind = Literal["live", "straggler", "foreign"]
+Kind = Literal["live", "straggler", "foreign", "exited"]
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ class Holder:
         """``pid 1234 (python, 20.1 GiB, not ours)``."""
         used = self.proc.used_bytes
         mem = "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
-        whose = "not ours" if self.kind == "foreign" else f"ours: {self.role}" + (", survived SIGKILL" if survived else "")
+        whose = ("not ours" if self.kind == "foreign" else "exited, its memory not yet released"
+                 if self.kind == "exited" else f"ours: {self.role}" + (", survived SIGKILL" if survived else ""))
         return f"pid {self.proc.pid} ({self.comm}, {mem}, {whose})"
 
 
@@ -150,16 +151,19 @@ def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Own
     """The processes on the visible GPUs (one per pid), each sorted as live, straggler or foreign.
 
     A process on a GPU with no known index is kept (conservatively: it may be on ours). A zombie
-    here is gone, whatever the driver still lists (a container's PID 1 does not reap)."""
+    here is "exited": nothing to stop (a container's PID 1 does not reap), and it blocks only
+    while the driver still lists its memory (measured: about 0.5 s after the exit on an H200)."""
     seen: set[int] = set()
     out: list[Holder] = []
     for p in procs:
-        if p.pid in seen or (p.gpu is not None and p.gpu not in visible) or _zombie(p.pid):
+        if p.pid in seen or (p.gpu is not None and p.gpu not in visible):
             continue
         seen.add(p.pid)
         role = owners.role_of(p.pid)
-        if role is None:
-            kind: Kind = "foreign"
+        if _zombie(p.pid):
+            kind: Kind = "exited"
+        elif role is None:
+            kind = "foreign"
         elif role != ChildRole.RAY and is_live(role):
             kind = "live"
         else:
@@ -261,7 +265,9 @@ def failure_line(blocking: Sequence[Holder], *, timeout: float, stage: str, surv
     gpus = sorted({str(h.proc.gpu) for h in blocking if h.proc.gpu is not None})
     fix = ("end it (shoprld never stops a process that is not its own)" if len(blocking) == 1 else
            "end them (shoprld never stops a process that is not its own)") if foreign else \
-        "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU"
+        ("the driver still holds an exited process's memory: wait, or reset the GPU"
+         if all(h.kind == "exited" for h in blocking) else
+         "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU")
     where = f", or take GPU {','.join(gpus)} out of gpus.visible" if foreign and gpus else ""
     return (f"{'; '.join(parts)} after {timeout:.0f} s (gpus.free_timeout), before the {stage} starts; "
             f"fix: {fix}{where}")
