@@ -77,6 +77,16 @@ case "$1" in
 esac
 """
 
+# --relay (a GPU box whose driver maps pids into the caller's PID namespace, as seen on the lent
+# H200): the real nvidia-smi, run in the machine's own namespace every 0.3 s, is what the inner
+# part's stand-in nvidia-smi lists -- the host's view that an AutoDL container gets from NVML.
+RELAY_SMI = """#!/bin/sh
+case "$1" in
+  --query-compute-apps=*) cat {table} 2>/dev/null;;
+  *) exec nvidia-smi "$@";;
+esac
+"""
+
 _out: Any = None
 
 
@@ -134,7 +144,17 @@ def _check_line(work: Path, args: argparse.Namespace | None = None) -> str:
 
 
 def _probe(args: argparse.Namespace) -> gpus.GpuProbe:
-    return gpus.SmiProbe(str(Path(args.emulate) / "bin" / "nvidia-smi")) if args.emulate else gpus.NvmlProbe()
+    stand_in = args.emulate or args.relay
+    return gpus.SmiProbe(str(Path(stand_in) / "bin" / "nvidia-smi")) if stand_in else gpus.NvmlProbe()
+
+
+def _relayed_driver(work: Path, stop: Any) -> None:
+    while not stop.is_set():
+        table = _sh(["nvidia-smi", "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"])
+        tmp = work / "table.tmp"
+        tmp.write_text("" if "No running" in table else table + "\n")
+        tmp.replace(work / "table")
+        stop.wait(0.3)
 
 
 def _prefix(args: argparse.Namespace) -> str:
@@ -175,6 +195,8 @@ def _check_line_or_raise(work: Path, args: argparse.Namespace | None = None) -> 
     tree = work / f"tree-{time.monotonic_ns()}"
     campaign = create_tree(tree, fast=True, rounds=1)
     probe = 'probe = "nvml"'
+    if args is not None and args.relay:
+        probe = f'probe = "nvidia-smi"\nnvidia_smi = "{_probe(args).command}"'  # type: ignore[attr-defined]
     if args is not None and args.emulate:
         probe = f'probe = "nvidia-smi"\nnvidia_smi = "{_probe(args).command}"\ndevices = "{_prefix(args)}"'  # type: ignore[attr-defined]
     campaign.write_text(re.sub(r'^probe = "none"$', probe, campaign.read_text(), flags=re.M))
@@ -268,6 +290,16 @@ def outside(args: argparse.Namespace) -> int:
         smi.chmod(0o755)
         stop = threading.Event()
         threading.Thread(target=_emulated_driver, args=(work, stop), daemon=True).start()
+    if args.relay:
+        import threading
+
+        args.relay = str(work)
+        (work / "bin").mkdir()
+        smi = work / "bin" / "nvidia-smi"
+        smi.write_text(RELAY_SMI.format(table=work / "table"))
+        smi.chmod(0o755)
+        stop_relay = threading.Event()
+        threading.Thread(target=_relayed_driver, args=(work, stop_relay), daemon=True).start()
     foreign = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
                                 EMU_HOLD if args.emulate else FOREIGN,
                                 str(args.foreign_gib), str(ready), str(work / "release"), str(args.linger)],
@@ -278,7 +310,7 @@ def outside(args: argparse.Namespace) -> int:
         while not ready.exists() and foreign.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         gpid = _child_of(foreign.pid)
-        time.sleep(0.5 if args.emulate else 0)  # the emulated driver's next table
+        time.sleep(0.5 if args.emulate or args.relay else 0)  # the emulated driver's next table
         probe = _probe(args)
         emit("foreign.started", unshare_pid=foreign.pid, host_pid=gpid, pid_in_its_ns=ready.read_text(),
              nspid=_nspid(gpid), nvml_pids_from_host=_nvml_pids(probe),
@@ -289,6 +321,7 @@ def outside(args: argparse.Namespace) -> int:
                             "--timeout", str(args.timeout), "--free-timeout", str(args.free_timeout),
                             "--grace", str(args.grace), "--linger", str(args.linger),
                             *(["--emulate", args.emulate] if args.emulate else []),
+                            *(["--relay", args.relay] if args.relay else []),
                             *(["--out", str(args.out)] if args.out else []), "--append"],
                            env=env, timeout=400, check=False)
         ok = r.returncode == 0
@@ -315,6 +348,8 @@ if __name__ == "__main__":
     ap.add_argument("--grace", type=float, default=10.0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--append", action="store_true")
+    ap.add_argument("--relay", nargs="?", const="1", default="",
+                    help="the inner part sees the machine namespace's nvidia-smi list (host pids), relayed")
     ap.add_argument("--emulate", nargs="?", const="1", default="",
                     help="no GPU: emulated device nodes and a stand-in nvidia-smi (a CPU box; the inner part gets the dir)")
     a = ap.parse_args()
