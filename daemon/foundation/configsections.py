@@ -150,6 +150,12 @@ class GpuSection(FrozenModel):
     # the stragglers that are ours, and how to look (auto: NVML, else nvidia-smi, else nothing).
     free_timeout: Duration = 120.0
     straggler_grace: Duration = 10.0
+    # Container mode (NVML lists host pids): the GPU memory that processes not ours may hold on
+    # the visible GPUs without blocking a stage.
+    free_memory: Size = 0
+    # The GPU device files' prefix (<prefix>N, <prefix>-uvm): how container mode finds our
+    # holders. Tests point it at nodes made in a temp dir.
+    devices: str = "/dev/nvidia"
     probe: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
     nvidia_smi: str = "nvidia-smi"
 

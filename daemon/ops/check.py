@@ -16,8 +16,11 @@ from shoprld.daemon.foundation.bundles import py_spy_binary
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from shoprld.daemon.foundation.endpoints import endpoint_problems
+from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
+from shoprld.daemon.services.gpucontainer import mode_line
+from shoprld.daemon.services.gpus import build_probe
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
@@ -87,6 +90,17 @@ def _gpu_count(cfg: Config) -> tuple[str | None, str]:
     return PreflightProblem(problem, f"{cfg.source}:gpus.visible", fix).line(), problem
 
 
+def _gpu_mode(cfg: Config) -> str:
+    """Which GPU hygiene mode applies here: host pids match, or container (NVML's are host pids)."""
+    if cfg.gpus.probe == "none":
+        return 'GPU hygiene: not checked (gpus.probe = "none")'
+    try:
+        probe = build_probe(cfg.gpus.probe, cfg.gpus.nvidia_smi)
+    except ConfigError as exc:  # nvml without nvidia-ml-py: validation reports it too
+        return f"GPU hygiene: {exc}"
+    return mode_line(probe, cfg.gpus.devices)
+
+
 def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = False) -> int:
     if placeholders:
         for name, what in sorted(PLACEHOLDERS.items()):
@@ -129,6 +143,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     shown = ", ".join(f"{g['index']} {g['name']} {g['sm']}" for g in gpu["gpus"]) or gpu["problem"]
     out(f"  GPUs: {shown}; envs built for {gpu['expected_sm'] or '? (gpus.build_sm)'}\n")
     out(f"  GPU count: {_gpu_count(cfg)[1]}\n")
+    out(f"  {_gpu_mode(cfg)}\n")
     spy = py_spy_binary()
     out(f"  py-spy: {spy} (a stall's bundle gets the trainer's stacks)\n" if spy else
         "  py-spy: not installed: a stall's bundle will have no stack dump; fix: pip install 'shoprld[debug]'\n")

@@ -32,10 +32,15 @@ seconds (the stop's grace counts within it). Journal events: ``gpu.wait`` (what 
 seconds). When the GPUs are still taken, the caller gets ONE line naming each pid, its GPU,
 its memory and whose it is, and the stage retries under its policy, then fails (exit 6).
 
-How to look is the :class:`GpuProbe` seam: NVML through the optional ``nvidia-ml-py``
-package (``pip install 'shoprld[gpu]'``, imported as ``pynvml``), else ``nvidia-smi
---query-compute-apps``, else nothing (no driver: the demo and CI), chosen by ``gpus.probe``.
-Tests use a fake probe, or a stand-in ``nvidia-smi`` program named by ``gpus.nvidia_smi``.
+How to look is the :class:`GpuProbe` seam (:mod:`.gpuprobes`, re-exported here): NVML, else
+``nvidia-smi --query-compute-apps``, else nothing (no driver: the demo and CI), chosen by
+``gpus.probe``.
+
+In a container (AutoDL: Docker without ``--pid=host``) NVML lists the host's pids, which this
+``/proc`` does not have. :mod:`.gpucontainer` detects that; then ours are found by their open
+``/dev/nvidia*`` files (``gpus.devices``) among the tagged processes and the Ray head's session,
+and "free" is judged by the memory the listed processes hold (``gpus.free_memory``), not by
+their pids; the rest is named by host pid and memory. A zombie counts as gone in both modes.
 
 This module imports only the standard library, anyio and :mod:`.processes` at load time, so a
 GPU machine's bare Python can run it (``tests/gpu/hygiene_h200.py``).
@@ -46,230 +51,30 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.to_thread
 
-from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.services import gpucontainer
+from shoprld.daemon.services.gpuprobes import (
+    MIB, AutoProbe, GpuProbe, GpuProbeError, GpuProcess, NoProbe, NvmlProbe, SmiProbe, build_probe, parse_compute_apps,
+    parse_gpu_indices,
+)
 from shoprld.daemon.services.processes import CHILD_TAG, ChildHost, pid_alive, proc_start_ticks
 
 if TYPE_CHECKING:
     from shoprld.daemon.round.plan import RoundPlan  # the round layer sits above: for typing only
 
-MIB = 1024 * 1024
 _POLL_S = 0.5
-_SMI_TIMEOUT_S = 30.0
-# nvidia-smi's and NVML's ways of saying "no number here".
-_NO_VALUE = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]"}
-_NVML_NOT_AVAILABLE = 2**64 - 1
-
-
-class GpuProbeError(Exception):
-    """The probe exists but failed (a driver error, a broken nvidia-smi)."""
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """One compute process on one GPU, as the driver reports it."""
-
-    pid: int
-    used_bytes: int | None  # None: the driver does not say ([N/A], [Not Supported])
-    gpu: int | None         # the nvidia-smi index; None when the uuid maps to no index
-    uuid: str = ""
-
-
-class GpuProbe(Protocol):
-    """The seam: which compute processes hold GPU memory now."""
-
-    name: str
-
-    def compute_apps(self) -> list[GpuProcess] | None:
-        """Every compute process on every GPU; None when there are no GPUs to check (no
-        driver, no tool). Raises :class:`GpuProbeError` when the tool is there but fails."""
-        ...
-
-
-# -- the probes ---------------------------------------------------------------------------------
-class NoProbe:
-    """No GPUs to check: the demo, CI, ``gpus.probe = "none"``."""
-
-    name = "none"
-
-    def compute_apps(self) -> list[GpuProcess] | None:
-        return None
-
-
-class NvmlProbe:
-    """NVML through ``nvidia-ml-py`` (``import pynvml``); raises ImportError when it is absent."""
-
-    name = "nvml"
-
-    def __init__(self) -> None:
-        import pynvml  # lazy: optional extra [gpu]; ImportError picks the next probe
-
-        self._nvml: Any = pynvml
-
-    def compute_apps(self) -> list[GpuProcess] | None:
-        nv = self._nvml
-        try:
-            nv.nvmlInit()
-        except nv.NVMLError as exc:
-            # No library or no driver loaded: nothing to check here (a CPU box with the package).
-            absent = tuple(getattr(nv, n) for n in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
-                           if hasattr(nv, n))
-            if absent and isinstance(exc, absent):
-                return None
-            raise GpuProbeError(f"NVML init: {exc}") from None
-        try:
-            out: list[GpuProcess] = []
-            for index in range(nv.nvmlDeviceGetCount()):
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
-                uuid = nv.nvmlDeviceGetUUID(handle)
-                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-                for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
-                    used = getattr(p, "usedGpuMemory", None)
-                    ok = isinstance(used, int) and 0 <= used < _NVML_NOT_AVAILABLE
-                    out.append(GpuProcess(int(p.pid), used if ok else None, index, uuid))
-            return out
-        except nv.NVMLError as exc:
-            raise GpuProbeError(f"NVML: {exc}") from None
-        finally:
-            try:
-                nv.nvmlShutdown()
-            except nv.NVMLError:
-                pass
-
-
-class SmiProbe:
-    """``nvidia-smi --query-compute-apps`` (and ``--query-gpu`` for the uuid -> index map)."""
-
-    name = "nvidia-smi"
-
-    def __init__(self, command: str = "nvidia-smi") -> None:
-        self.command = command
-
-    def _query(self, arg: str, *, units: bool) -> str | None:
-        fmt = "--format=csv,noheader" + (",nounits" if units else "")
-        try:
-            r = subprocess.run([self.command, arg, fmt], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S,
-                               check=False)
-        except FileNotFoundError:
-            return None
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise GpuProbeError(f"{self.command} {arg}: {exc}") from None
-        if r.returncode != 0:
-            why = (r.stderr or r.stdout).strip().splitlines()
-            raise GpuProbeError(f"{self.command} {arg} exited {r.returncode}: {why[0] if why else 'no output'}")
-        return r.stdout
-
-    def compute_apps(self) -> list[GpuProcess] | None:
-        gpus = self._query("--query-gpu=index,uuid", units=False)
-        if gpus is None:
-            return None
-        apps = self._query("--query-compute-apps=pid,used_memory,gpu_uuid", units=True)
-        if apps is None:
-            return None
-        index = parse_gpu_indices(gpus)
-        return [GpuProcess(pid, used, index.get(uuid), uuid) for pid, used, uuid in parse_compute_apps(apps)]
-
-
-class AutoProbe:
-    """NVML when ``nvidia-ml-py`` is installed and finds a driver, else nvidia-smi, else nothing."""
-
-    def __init__(self, nvidia_smi: str = "nvidia-smi") -> None:
-        chain: list[GpuProbe] = []
-        try:
-            chain.append(NvmlProbe())
-        except ImportError:
-            pass
-        chain.append(SmiProbe(nvidia_smi))
-        self._chain = chain
-        self.name = "auto"
-
-    def compute_apps(self) -> list[GpuProcess] | None:
-        error: GpuProbeError | None = None
-        for probe in self._chain:
-            try:
-                found = probe.compute_apps()
-            except GpuProbeError as exc:
-                error = exc
-                continue
-            if found is not None:
-                self.name = probe.name
-                return found
-        if error is not None:
-            raise error
-        return None
-
-
-def build_probe(kind: str, nvidia_smi: str = "nvidia-smi") -> GpuProbe:
-    """The probe ``gpus.probe`` names."""
-    if kind == "none":
-        return NoProbe()
-    if kind == "nvidia-smi":
-        return SmiProbe(nvidia_smi)
-    if kind == "nvml":
-        try:
-            return NvmlProbe()
-        except ImportError:
-            raise ConfigError("gpus.probe: nvml, but the nvidia-ml-py package is not installed; "
-                              "fix: pip install 'shoprld[gpu]', or set gpus.probe = \"auto\"") from None
-    return AutoProbe(nvidia_smi)
-
-
-# -- nvidia-smi's CSV ---------------------------------------------------------------------------
-def _mib(text: str) -> int | None:
-    t = text.strip()
-    if t.lower() in _NO_VALUE:
-        return None
-    if t.lower().endswith("mib"):  # a query run without nounits
-        t = t[:-3].strip()
-    try:
-        value = float(t)
-    except ValueError:
-        return None
-    if not (0 <= value < 2**43):  # NaN, inf, negative, absurd: no number
-        return None
-    return int(value * MIB)
-
-
-def parse_compute_apps(text: str) -> list[tuple[int, int | None, str]]:
-    """``pid, used_memory (MiB), gpu_uuid`` lines -> (pid, used bytes or None, uuid).
-
-    A line that is not three fields with a positive integer pid and a uuid (nvidia-smi's
-    "No running processes found", a warning, garbage) is skipped; a memory value that is not a
-    number ("[N/A]" under MIG or in containers, "[Not Supported]") is None, and the pid stays.
-    """
-    out: list[tuple[int, int | None, str]] = []
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 3:
-            continue
-        pid_s, mem_s, uuid = fields
-        if not pid_s.isdigit() or not pid_s.isascii() or not uuid or int(pid_s) <= 0 or int(pid_s) >= 2**22:
-            continue
-        out.append((int(pid_s), _mib(mem_s), uuid))
-    return out
-
-
-def parse_gpu_indices(text: str) -> dict[str, int]:
-    """``index, uuid`` lines -> {uuid: index}; other lines are skipped."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0].isdigit() and fields[0].isascii() and fields[1]:
-            out[fields[1]] = int(fields[0])
-    return out
 
 
 # -- whose is it --------------------------------------------------------------------------------
-Kind = Literal["live", "straggler", "foreign"]
+Kind = Literal["live", "straggler", "foreign", "exited"]
 
 
 @dataclass(frozen=True)
@@ -322,7 +127,8 @@ class Holder:
         """``pid 1234 (python, 20.1 GiB, not ours)``."""
         used = self.proc.used_bytes
         mem = "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
-        whose = "not ours" if self.kind == "foreign" else f"ours: {self.role}" + (", survived SIGKILL" if survived else "")
+        whose = ("not ours" if self.kind == "foreign" else "exited, its memory not yet released"
+                 if self.kind == "exited" else f"ours: {self.role}" + (", survived SIGKILL" if survived else ""))
         return f"pid {self.proc.pid} ({self.comm}, {mem}, {whose})"
 
 
@@ -333,11 +139,20 @@ def _comm(pid: int) -> str:
         return "?"
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Owners,
              is_live: Callable[[str], bool]) -> list[Holder]:
     """The processes on the visible GPUs (one per pid), each sorted as live, straggler or foreign.
 
-    A process on a GPU with no known index is kept (conservatively: it may be on ours)."""
+    A process on a GPU with no known index is kept (conservatively: it may be on ours). A zombie
+    here is "exited": nothing to stop (a container's PID 1 does not reap), and it blocks only
+    while the driver still lists its memory (measured: about 0.5 s after the exit on an H200)."""
     seen: set[int] = set()
     out: list[Holder] = []
     for p in procs:
@@ -345,8 +160,10 @@ def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Own
             continue
         seen.add(p.pid)
         role = owners.role_of(p.pid)
-        if role is None:
-            kind: Kind = "foreign"
+        if _zombie(p.pid):
+            kind: Kind = "exited"
+        elif role is None:
+            kind = "foreign"
         elif role != ChildRole.RAY and is_live(role):
             kind = "live"
         else:
@@ -448,7 +265,9 @@ def failure_line(blocking: Sequence[Holder], *, timeout: float, stage: str, surv
     gpus = sorted({str(h.proc.gpu) for h in blocking if h.proc.gpu is not None})
     fix = ("end it (shoprld never stops a process that is not its own)" if len(blocking) == 1 else
            "end them (shoprld never stops a process that is not its own)") if foreign else \
-        "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU"
+        ("the driver still holds an exited process's memory: wait, or reset the GPU"
+         if all(h.kind == "exited" for h in blocking) else
+         "the process ignored SIGKILL (stuck in the driver): reset or reboot the GPU")
     where = f", or take GPU {','.join(gpus)} out of gpus.visible" if foreign and gpus else ""
     return (f"{'; '.join(parts)} after {timeout:.0f} s (gpus.free_timeout), before the {stage} starts; "
             f"fix: {fix}{where}")
@@ -458,11 +277,85 @@ async def _look(probe: GpuProbe) -> list[GpuProcess] | None:
     return await anyio.to_thread.run_sync(probe.compute_apps)
 
 
+def our_holders(owners: Owners, is_live: Callable[[str], bool], dev_prefix: str) -> list[Holder]:
+    """Container mode: this campaign's processes holding a CUDA context (by their device files),
+    each live or straggler; their memory is not known per pid (NVML's pids are the host's)."""
+    out: list[Holder] = []
+    for pid, role, minor in gpucontainer.cuda_pids(owners.role_of, dev_prefix):
+        kind: Kind = "live" if role != ChildRole.RAY and is_live(role) else "straggler"
+        out.append(Holder(GpuProcess(pid, None, minor, f"{dev_prefix}{minor}"), kind, role, _comm(pid)))
+    return out
+
+
+async def _make_free_container(probe: GpuProbe, found: list[GpuProcess], *, visible: Sequence[int], owners: Owners,
+                               is_live: Callable[[str], bool], timeout: float, grace: float, free_memory: int,
+                               emit: Callable[..., None], monotonic: Callable[[], float], t0: float, stage: str,
+                               dev_prefix: str) -> str | None:
+    """:func:`make_free` when NVML lists host pids (``found``: its first list): ours by their
+    device files, stopped as in host mode; free once the listed memory on the visible GPUs, less
+    the largest holder per live child of ours, is at most ``free_memory`` (unknown: never)."""
+    stopped: set[int] = set()
+    survivors: set[int] = set()
+    announced = False
+    rest: list[GpuProcess] = []
+    left: list[Holder] = []
+
+    def judge(listed: list[GpuProcess]) -> tuple[bool, list[Holder], list[Holder], list[GpuProcess]]:
+        ours = our_holders(owners, is_live, dev_prefix)
+        live = [h for h in ours if h.kind == "live"]
+        strag = [h for h in ours if h.kind == "straggler"]
+        _, others = gpucontainer.split_memory(gpucontainer.on_visible(listed, visible), len(live))
+        held = gpucontainer.held_bytes(others)
+        return (not strag and held is not None and held <= free_memory), live, strag, others
+
+    def free_event(live: list[Holder], others: list[GpuProcess]) -> None:
+        emit("gpu.free", stage=stage, probe=probe.name, mode="container", waited_s=round(monotonic() - t0, 3),
+             kept=[h.as_dict() for h in live], held_mib=round((gpucontainer.held_bytes(others) or 0) / MIB),
+             listed=[gpucontainer.as_dict(p) for p in others])
+
+    with anyio.move_on_after(max(0.0, timeout - (monotonic() - t0))):
+        while True:
+            ok, live, left, rest = judge(found)
+            if ok:
+                free_event(live, rest)
+                return None
+            if not announced:
+                announced = True
+                emit("gpu.wait", stage=stage, probe=probe.name, mode="container", timeout_s=timeout,
+                     holders=[h.as_dict() for h in live + left], listed=[gpucontainer.as_dict(p) for p in found],
+                     free_memory_mib=free_memory // MIB)
+            new = [h for h in left if h.proc.pid not in stopped]
+            if new:
+                stopped.update(h.proc.pid for h in new)
+                survivors |= await stop_stragglers(new, owners=owners, is_live=is_live, grace=grace, emit=emit)
+            else:
+                await anyio.sleep(_POLL_S)
+            try:
+                found = await _look(probe) or []
+            except GpuProbeError as exc:
+                emit("gpu.probe_error", stage=stage, probe=probe.name, error=str(exc))
+                return None
+    try:  # the deadline: one last look (the driver frees a killed process's memory a little late)
+        last = await _look(probe)
+    except GpuProbeError:
+        last = None
+    if last is not None:
+        ok, live, left, rest = judge(last)
+        if ok:
+            free_event(live, rest)
+            return None
+    return gpucontainer.failure_line(rest, [h.phrase(survived=h.proc.pid in survivors) for h in left],
+                                     timeout=timeout, stage=stage, allowed=free_memory)
+
+
 async def make_free(probe: GpuProbe, *, visible: Sequence[int], owners: Owners, is_live: Callable[[str], bool],
                     timeout: float, grace: float, emit: Callable[..., None], monotonic: Callable[[], float],
-                    stage: str) -> str | None:
+                    stage: str, free_memory: int = 0, dev_prefix: str = "/dev/nvidia") -> str | None:
     """Wait (at most ``timeout`` s) until no straggler or foreign process holds a visible GPU,
-    stopping the stragglers. None when free (or nothing to check), else the one failure line."""
+    stopping the stragglers. None when free (or nothing to check), else the one failure line.
+
+    When NVML's pids are host pids (:func:`.gpucontainer.detect_mode`), the container mode
+    takes over: ours by their device files, free by memory (``free_memory`` bytes allowed)."""
     t0 = monotonic()
     try:
         found = await _look(probe)
@@ -472,6 +365,11 @@ async def make_free(probe: GpuProbe, *, visible: Sequence[int], owners: Owners, 
         return None
     if found is None:
         return None  # no GPUs to check (no driver, no tool): the demo and CI
+    if gpucontainer.detect_mode(found, dev_prefix) == "container":
+        return await _make_free_container(
+            probe, found, visible=visible, owners=owners, is_live=is_live,
+            timeout=timeout, grace=grace, free_memory=free_memory, emit=emit, monotonic=monotonic, t0=t0,
+            stage=stage, dev_prefix=dev_prefix)
     stopped: set[int] = set()
     survivors: set[int] = set()
     announced = False
@@ -539,7 +437,8 @@ async def ensure_free(plan: RoundPlan, host: ChildHost, stage: str, probe: GpuPr
 
     return await make_free(probe or build_probe(g.probe, g.nvidia_smi), visible=g.visible, owners=owners,
                            is_live=is_live, timeout=g.free_timeout, grace=g.straggler_grace, emit=host.emit,
-                           monotonic=host.clock.monotonic, stage=stage)
+                           monotonic=host.clock.monotonic, stage=stage, free_memory=int(g.free_memory),
+                           dev_prefix=g.devices)
 
 
 __all__ = [

@@ -23,9 +23,12 @@ from shoprld.daemon.core.children import TaggingLauncher as _TaggingLauncher
 from shoprld.daemon.services.gpus import GpuProcess, Owners
 from shoprld.daemon.services.processes import CHILD_TAG, LocalLauncher, pid_alive
 from tests.demotree import journal, kill_tree_leftovers, make_tree, run_daemon
+from tests.gpunodes import HOLD, make_nodes
 
 GIB = 1024**3
-SLEEP = "import time; time.sleep(600)"
+# Every process that "holds GPU 0" holds device nodes made in the test's temp dir open, as a CUDA
+# process holds /dev/nvidia*: so its pid is one of ours to see, and the host-pid mode applies.
+SLEEP = HOLD
 # A stage that leaves an orphan: it starts a grandchild (same session and group, the tag
 # inherited), prints its pid and exits, as a slime job can leave an SGLang scheduler behind.
 STAGE = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
@@ -57,19 +60,45 @@ class Events:
         return [f for e, f in self.items if e == name]
 
 
+def _nodes(tmp_path: Path) -> dict[str, str]:
+    prefix, held = make_nodes(tmp_path / "dev")
+    return {"GPU_NODES": held, "DEV_PREFIX": prefix}
+
+
 async def _orphan_of_a_stage(state_dir: Path, log: Path) -> int:
     launcher = _TaggingLauncher(LocalLauncher(), str(state_dir))  # exactly how the engine launches
-    stage = await launcher.start("trainer", [sys.executable, "-c", STAGE, SLEEP], env=dict(os.environ),
+    env = {**os.environ, **_nodes(log.parent)}
+    stage = await launcher.start("trainer", [sys.executable, "-c", STAGE, SLEEP], env=env,
                                  cwd=log.parent, log=log, redacted_argv=["stage"])
     assert await stage.wait() == 0  # the stage is gone (and reaped); its child lives on
     return int(log.read_text().split("orphan")[-1].split()[0])
+
+
+def _wait_holding(pid: int) -> None:
+    """Until ``pid`` has opened its device nodes (the mode is judged from its open files)."""
+    for _ in range(600):
+        if any("nvidia" in target for target in _fds(pid)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} never opened its device nodes")
+
+
+def _fds(pid: int) -> list[str]:
+    out = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    except OSError:
+        pass
+    return out
 
 
 def _free(probe: gpus.GpuProbe, state_dir: Path, events: Events, *, timeout: float,
           live: frozenset[str] = frozenset()) -> str | None:
     return anyio.run(lambda: gpus.make_free(
         probe, visible=[0], owners=Owners.of(state_dir), is_live=lambda role: role in live, timeout=timeout,
-        grace=2.0, emit=events, monotonic=time.monotonic, stage="trainer"))
+        grace=2.0, emit=events, monotonic=time.monotonic, stage="trainer",
+        dev_prefix=str(state_dir.parent / "dev" / "nvidia")))
 
 
 def test_an_orphan_of_our_stage_is_stopped_and_the_gpu_is_free(tmp_path: Path) -> None:
@@ -78,6 +107,7 @@ def test_an_orphan_of_our_stage_is_stopped_and_the_gpu_is_free(tmp_path: Path) -
     state_dir = tmp_path / "state"
     orphan = anyio.run(_orphan_of_a_stage, state_dir, tmp_path / "stage.log")
     try:
+        _wait_holding(orphan)
         assert pid_alive(orphan)
         events = Events()
         assert _free(FakeGpu({orphan: 4 * GIB}), state_dir, events, timeout=30) is None
@@ -98,10 +128,10 @@ def test_an_orphan_of_our_stage_is_stopped_and_the_gpu_is_free(tmp_path: Path) -
 def test_a_straggler_that_ignores_sigterm_gets_sigkill(tmp_path: Path) -> None:
     """An orphan that ignores SIGTERM is SIGKILLed after the grace."""
     state_dir = tmp_path / "state"
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + HOLD
     orphan = anyio.run(lambda: _orphan_of_a_stage_argv(state_dir, tmp_path / "stage.log", stubborn))
     try:
-        time.sleep(0.3)  # let it install its handler
+        _wait_holding(orphan)  # its handler is installed before it opens the nodes
         events = Events()
         assert _free(FakeGpu({orphan: GIB}), state_dir, events, timeout=30) is None
         assert not pid_alive(orphan)
@@ -113,7 +143,8 @@ def test_a_straggler_that_ignores_sigterm_gets_sigkill(tmp_path: Path) -> None:
 
 async def _orphan_of_a_stage_argv(state_dir: Path, log: Path, code: str) -> int:
     launcher = _TaggingLauncher(LocalLauncher(), str(state_dir))
-    stage = await launcher.start("val_server", [sys.executable, "-c", STAGE, code], env=dict(os.environ),
+    env = {**os.environ, **_nodes(log.parent)}
+    stage = await launcher.start("val_server", [sys.executable, "-c", STAGE, code], env=env,
                                  cwd=log.parent, log=log, redacted_argv=["stage"])
     await stage.wait()
     return int(log.read_text().split("orphan")[-1].split()[0])
@@ -122,9 +153,10 @@ async def _orphan_of_a_stage_argv(state_dir: Path, log: Path, code: str) -> int:
 def test_a_process_not_ours_is_never_touched_and_named_in_one_line(tmp_path: Path) -> None:
     """A process started outside our sessions without our tag keeps running; after the wait the
     hygiene step returns one line naming its pid, GPU, memory and "not ours"."""
-    env = {k: v for k, v in os.environ.items() if k != CHILD_TAG}
+    env = {**{k: v for k, v in os.environ.items() if k != CHILD_TAG}, **_nodes(tmp_path)}
     foreign = subprocess.Popen([sys.executable, "-c", SLEEP], env=env, start_new_session=True)
     try:
+        _wait_holding(foreign.pid)
         events = Events()
         line = _free(FakeGpu({foreign.pid: int(1.5 * GIB)}), tmp_path / "state", events, timeout=0.6)
         assert foreign.poll() is None  # untouched
@@ -141,9 +173,10 @@ def test_a_process_not_ours_is_never_touched_and_named_in_one_line(tmp_path: Pat
 def test_a_live_child_of_ours_is_kept_and_does_not_block(tmp_path: Path) -> None:
     """A process of a child that is live now (a parked val server) is neither stopped nor waited for."""
     state_dir = tmp_path / "state"
-    env = {**os.environ, CHILD_TAG: f"{state_dir}|val_server"}
+    env = {**os.environ, CHILD_TAG: f"{state_dir}|val_server", **_nodes(tmp_path)}
     parked = subprocess.Popen([sys.executable, "-c", SLEEP], env=env, start_new_session=True)
     try:
+        _wait_holding(parked.pid)
         events = Events()
         assert _free(FakeGpu({parked.pid: GIB}), state_dir, events, timeout=5, live=frozenset({"val_server"})) is None
         assert parked.poll() is None
@@ -178,14 +211,17 @@ def _stand_in_smi(path: Path, pids_file: Path) -> Path:
 def test_the_daemon_fails_train_with_one_line_when_a_foreign_process_holds_the_gpu(tmp_path: Path) -> None:
     """A demo campaign whose GPU 0 (a stand-in nvidia-smi) is held by a process not ours: TRAIN
     never starts a trainer, retries under its policy, and the daemon exits 6 with the one line."""
-    env = {k: v for k, v in os.environ.items() if k != CHILD_TAG}
+    nodes = _nodes(tmp_path)
+    env = {**{k: v for k, v in os.environ.items() if k != CHILD_TAG}, **nodes}
     foreign = subprocess.Popen([sys.executable, "-c", SLEEP], env=env, start_new_session=True)
     try:
+        _wait_holding(foreign.pid)
         pids = tmp_path / "gpu-pids"
         pids.write_text(f"{foreign.pid}, 1024\n")
         smi = _stand_in_smi(tmp_path / "nvidia-smi", pids)
         campaign = make_tree(tmp_path, rounds=1, edits={
-            r'^probe = "none"$': f'probe = "nvidia-smi"\nnvidia_smi = "{smi}"\nfree_timeout = "0.5s"'})
+            r'^probe = "none"$': f'probe = "nvidia-smi"\nnvidia_smi = "{smi}"\nfree_timeout = "0.5s"\n'
+                                f'devices = "{nodes["DEV_PREFIX"]}"'})
         proc = run_daemon(campaign, timeout=120)
         assert proc.returncode == 6, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
@@ -206,19 +242,22 @@ def test_the_daemon_stops_an_orphan_of_ours_and_completes(tmp_path: Path) -> Non
     or stray scan finds it) on GPU 0: TRAIN stops it before the trainer starts, and the 1-round
     campaign completes."""
     state_dir = tmp_path / "state"
-    env = {**os.environ, CHILD_TAG: f"{state_dir}|val_server"}
+    nodes = _nodes(tmp_path)
+    env = {**os.environ, CHILD_TAG: f"{state_dir}|val_server", **nodes}
     out = tmp_path / "stage.out"
     with open(out, "w") as fh:  # a file, not a pipe: the orphan keeps its stdout open
         subprocess.run([sys.executable, "-c", STAGE, SLEEP], env=env, start_new_session=True, stdout=fh,
                        timeout=30, check=True)
     orphan = int(out.read_text().split()[-1])
     try:
+        _wait_holding(orphan)
         assert pid_alive(orphan) and os.getsid(orphan) != orphan
         pids = tmp_path / "gpu-pids"
         pids.write_text(f"{orphan}, 2048\n")
         smi = _stand_in_smi(tmp_path / "nvidia-smi", pids)
         campaign = make_tree(tmp_path, rounds=1, edits={
-            r'^probe = "none"$': f'probe = "nvidia-smi"\nnvidia_smi = "{smi}"\nfree_timeout = "30s"'})
+            r'^probe = "none"$': f'probe = "nvidia-smi"\nnvidia_smi = "{smi}"\nfree_timeout = "30s"\n'
+                                f'devices = "{nodes["DEV_PREFIX"]}"'})
         proc = run_daemon(campaign, timeout=150)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert not pid_alive(orphan)

@@ -181,3 +181,45 @@ def test_check_refuses_a_metrics_textfile_where_nothing_can_be_written(tmp_path:
     assert [ln for ln in res.stdout.splitlines() if "metrics.textfile" in ln and f"{tmp_path}/afile" in ln]
     c.write_text(base + f'\n[metrics]\ntextfile = "{tmp_path}/not-yet/shoprld.prom"\n')
     assert "metrics.textfile" not in _check(c, tmp_path / "bin").stdout
+
+
+def test_check_says_which_gpu_hygiene_mode_applies(tmp_path: Path) -> None:
+    """A stand-in nvidia-smi (the probe seam) that lists a compute process under a pid this /proc
+    does not have, as NVML does in a container: check prints the container line. With a pid of
+    this machine holding a device node (made in a temp dir, named by gpus.devices): host pids
+    match. ``probe = "none"``: not checked."""
+    import time
+
+    from tests.gpunodes import HOLD, make_nodes
+
+    prefix, held = make_nodes(tmp_path / "dev")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], env={**os.environ, "GPU_NODES": held})
+    try:
+        absent = next(p for p in range(3_000_000, 4_000_000, 7) if not os.path.exists(f"/proc/{p}"))
+        pids = tmp_path / "pids"
+        smi = _smi(tmp_path / "bin", 4)
+        smi.write_text(smi.read_text().replace('[ "$1" = -L ] || exit 9\n', (
+            '[ "$1" = --query-gpu=index,uuid ] && { echo "0, GPU-a"; exit 0; }\n'
+            f'[ "$1" = --query-compute-apps=pid,used_memory,gpu_uuid ] && {{ cat {pids}; exit 0; }}\n'
+            '[ "$1" = -L ] || exit 9\n')))
+        campaign = _campaign(tmp_path, f'probe = "nvidia-smi"\ndevices = "{prefix}"')
+        pids.write_text(f"{absent}, 2048, GPU-a\n")
+        res = _check(campaign, tmp_path / "bin")
+        assert (f"GPU hygiene: container: pids from NVML are host pids (1 listed, none a GPU process here); "
+                f"holders found by their {prefix}* fds, free judged by memory used (probe nvidia-smi)") in res.stdout
+        while not any("nvidia" in os.readlink(f"/proc/{holder.pid}/fd/{fd}")
+                      for fd in os.listdir(f"/proc/{holder.pid}/fd")):
+            time.sleep(0.05)
+        pids.write_text(f"{holder.pid}, 2048, GPU-a\n")
+        res = _check(campaign, tmp_path / "bin")
+        assert "GPU hygiene: host pids match: NVML's pids are processes here (1 listed, probe nvidia-smi)" in res.stdout
+        pids.write_text("")
+        res = _check(campaign, tmp_path / "bin")
+        assert "GPU hygiene: no compute process on the GPUs now (probe nvidia-smi)" in res.stdout
+        demo = tmp_path / "demo"
+        demo.mkdir()
+        res = _check(_campaign(demo, 'probe = "none"'), tmp_path / "bin")
+        assert 'GPU hygiene: not checked (gpus.probe = "none")' in res.stdout
+    finally:
+        holder.kill()
+        holder.wait()
