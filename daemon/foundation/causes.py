@@ -7,6 +7,7 @@ plain data, in priority order: a specific cause (a CUDA OOM) beats the generic o
 Python exception it raised), and a full disk is judged by :func:`disk.log_says_enospc`,
 the project's one ENOSPC recogniser. A GPU Xid is looked for in the kernel log only (the
 trainer's log never sees it). When nothing matches: the last line of a Python traceback,
+else, for a death by a signal, ``killed`` (naming the signal and who may have sent it),
 else ``unknown``.
 
 The cause is journaled (``attempt.failed``), shown by ``status`` (``last_failure``),
@@ -38,6 +39,7 @@ SEGFAULT = "segfault"
 BUS_ERROR = "bus_error"
 HOST_OOM = "oom"
 STALL = "stall"
+KILLED = "killed"  # by a signal, with no better class (no OOM-killer line, not SEGV/BUS)
 PYTHON_EXCEPTION = "python_exception"
 UNKNOWN = "unknown"
 
@@ -198,7 +200,7 @@ def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, k
                                "may not see): an operator, a scheduler, or a cgroup memory limit",
                signal.SIGTERM: "asked to stop from outside shoprld (an operator or a scheduler)",
                signal.SIGABRT: "aborted (an assertion or a C++ exception): see the log tail"}.get(sig, "")
-        return Cause(UNKNOWN, f"killed by {signal_name(sig)} (exit status {exit_status})",
+        return Cause(KILLED, f"killed by {signal_name(sig)} (exit status {exit_status})",
                      why or "see the bundle's log tail")
     what = "no exit status" if exit_status is None else f"exit status {exit_status}"
     return Cause(UNKNOWN, what, "see the bundle's log tail")

@@ -91,7 +91,7 @@ def test_gpu_xid_comes_from_the_kernel_log() -> None:
     kmsg = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4121, name=python, GPU has fallen off the bus.\n"
     cause = classify(exit_status=-9, log_tail="rollout 4/20\n", kernel_log=kmsg)
     assert cause.name == causes.GPU_XID and "79" in cause.detail
-    assert classify(exit_status=-9, log_tail="rollout 4/20\n").name == causes.UNKNOWN
+    assert classify(exit_status=-9, log_tail="rollout 4/20\n").name == causes.KILLED
 
 
 def test_unknown_says_the_exit_status_and_a_stall_says_it_stalled() -> None:
@@ -111,12 +111,12 @@ OOM_KILL = ("Out of memory: Killed process 4121 (python) total-vm:812345678kB, a
 @pytest.mark.parametrize("status", [-9, 137])
 def test_sigkill_with_the_oom_killer_line_is_a_host_oom(status: int) -> None:
     """Signal 9 (or a shell's 137) with the kernel's OOM-killer line since the attempt began: oom,
-    the kernel's line as the detail. Without that line: unknown, naming SIGKILL and who may have sent it."""
+    the kernel's line as the detail. Without that line: killed, naming SIGKILL and who may have sent it."""
     kmsg = f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python,pid=4121,uid=0\n{OOM_KILL}\n"
     cause = classify(exit_status=status, log_tail="rollout 4/20\n", kernel_log=kmsg)
     assert cause.name == causes.HOST_OOM and "pid=4121" in cause.detail and "RAM" in cause.advice
     bare = classify(exit_status=status, log_tail="rollout 4/20\n")
-    assert bare.name == causes.UNKNOWN and bare.detail == f"killed by SIGKILL (exit status {status})"
+    assert bare.name == causes.KILLED and bare.detail == f"killed by SIGKILL (exit status {status})"
     assert "OOM-killer" in bare.advice
     # Not signal 9: an OOM line in the kernel log is not this attempt's cause.
     assert classify(exit_status=1, log_tail="", kernel_log=kmsg).name == causes.UNKNOWN
@@ -144,5 +144,5 @@ def test_classify_never_raises_on_any_log(tail: str, status: int | None, stalled
     """Whatever a child printed, classification returns a known cause with a one-line detail."""
     cause = classify(exit_status=status, log_tail=tail, stalled=stalled, kernel_log=kmsg)
     known = {p.name for p in PATTERNS} | {causes.GPU_XID, causes.PYTHON_EXCEPTION, causes.UNKNOWN, causes.STALL,
-                                          causes.HOST_OOM}
+                                          causes.HOST_OOM, causes.KILLED}
     assert cause.name in known and "\n" not in cause.detail
