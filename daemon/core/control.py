@@ -387,7 +387,8 @@ def request_stop(config_path: Path, mode: str = "now") -> int:
         if not reply.get("ok"):
             raise ControlRefused(f"{socket_path(state_dir)}: {reply.get('error') or 'the daemon refused the stop'}")
         msg = reply.get("message") or "the daemon will exit when it is safe"
-        print(f"shoprld: stop requested ({_MODE_TEXT[mode]}); {msg}")
+        took = reply.get("mode") if reply.get("mode") in _MODE_TEXT else mode  # a near save: "checkpoint"
+        print(f"shoprld: stop requested ({_MODE_TEXT[took]}); {msg}")
         return 0
     nothing = f"shoprld: no daemon runs campaign {_campaign_name(config_path)} (state dir {state_dir}); nothing to stop"
     pid, why = verified_daemon(state_dir)

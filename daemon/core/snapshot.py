@@ -163,7 +163,7 @@ class Snapshot:
         unsaved = unsaved_progress(state=self.machine.state.value, round_index=self._round(),
                                    step=int(self.snap.get("step") or 0), steps_per_round=cfg.campaign.steps_per_round,
                                    end_offset=cfg.train.end_offset, last_iteration=last.get("iteration"),
-                                   step_seconds=self.snap.get("step_seconds"))
+                                   step_seconds=self.snap.get("step_seconds"), save_interval=self._save_interval(cfg))
         return {**self.snap, "warnings": warnings, "plan": plan.as_dict(), "shopsim": shop, "children": children,
                 "deadline": deadline, "unsaved": unsaved,
                 "stop_conditions": {"rounds_done": len(self.snap.get("rounds_done", [])),
@@ -196,6 +196,12 @@ class Snapshot:
             log.warning("status.write_failed", error=str(exc))
         if self.metrics is not None:
             self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+
+    def _save_interval(self, cfg: Config) -> int:
+        """The trainer's ``--save-interval`` now: the last launch's (adaptive saves) else the config's."""
+        saves = self.snap.get("saves")
+        interval = saves.get("interval") if isinstance(saves, dict) else None
+        return interval if isinstance(interval, int) and interval > 0 else cfg.train.save_interval
 
     def plan(self) -> Plan:
         """The rest of the campaign (daemon/core/planning.py), from what the engine already knows."""

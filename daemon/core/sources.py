@@ -25,7 +25,7 @@ from shoprld.daemon.foundation import ckptwatch
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
-from shoprld.daemon.foundation.status import stop_cost_line
+from shoprld.daemon.foundation.status import save_is_near, stop_cost_line, waiting_for_save_line
 from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.core.control import ControlServer
 from shoprld.daemon.foundation.errors import ShoprldError
@@ -58,7 +58,10 @@ async def signals(send: ObjectSendStream[Event], *, stopping: Callable[[], bool]
 async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[[], dict[str, Any]]) -> None:
     """Serve ``status`` (answered here, from ``status()``) and ``stop`` (-> :class:`StopRequested`)."""
 
+    waiting = False  # a plain stop became "at the next checkpoint": a second one stops now
+
     async def handler(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal waiting
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "status": status()}
@@ -66,7 +69,13 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
             mode = request.get("mode", "now")
             if mode not in STOP_MODES:
                 return {"ok": False, "error": f"unknown stop mode {mode!r}"}
-            cost = stop_cost_line(status().get("unsaved")) if mode == "now" else None
+            unsaved = status().get("unsaved") if mode == "now" else None
+            if mode == "now" and not waiting and save_is_near(unsaved):
+                waiting = True
+                await send.send(StopRequested("checkpoint"))
+                assert unsaved is not None
+                return {"ok": True, "mode": "checkpoint", "message": waiting_for_save_line(unsaved)}
+            cost = stop_cost_line(unsaved)
             await send.send(StopRequested(mode))
             return {"ok": True, "mode": mode, **({"message": f"the daemon will exit when it is safe; {cost}"}
                                                  if cost else {})}

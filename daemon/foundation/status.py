@@ -242,17 +242,49 @@ def collect(config_path: Path, environ: Mapping[str, str] = os.environ) -> dict[
     return out
 
 
+#: A plain ``shoprld stop`` in TRAIN waits for the next checkpoint when it is expected within
+#: this long: a few minutes' wait that loses nothing beats throwing away the steps since the last
+#: save. A second plain stop while waiting stops at once.
+NEAR_SAVE_S = 600.0
+
+
 def unsaved_progress(*, state: str | None, round_index: int, step: int, steps_per_round: int, end_offset: int,
-                     last_iteration: int | None, step_seconds: float | None) -> dict[str, Any] | None:
+                     last_iteration: int | None, step_seconds: float | None,
+                     save_interval: int | None = None) -> dict[str, Any] | None:
     """What a plain ``shoprld stop`` would throw away now: TRAIN's steps since the newest
-    complete checkpoint (the round starts from the previous round's final). None outside TRAIN."""
+    complete checkpoint (the round starts from the previous round's final), and when the next
+    save is due (the trainer saves at every multiple of ``save_interval`` and at the round's
+    end). None outside TRAIN."""
     if state != "TRAIN" or steps_per_round < 1:
         return None
     round_start = (round_index + 1) * steps_per_round + end_offset - steps_per_round  # the previous final
     saved = max(0, min(step, last_iteration - round_start)) if last_iteration is not None else 0
     steps = max(0, step - saved)
+    now_at, round_end = round_start + step, round_start + steps_per_round
+    due = round_end if not save_interval or save_interval < 1 else \
+        min(round_end, (now_at // save_interval + 1) * save_interval)
+    ahead = max(1, due - now_at)
     return {"steps": steps, "since_iteration": round_start + saved,
-            "seconds": steps * step_seconds if step_seconds else None}
+            "seconds": steps * step_seconds if step_seconds else None,
+            "next_save": {"iteration": due, "steps": ahead, "seconds": ahead * step_seconds if step_seconds else None}}
+
+
+def save_is_near(unsaved: Mapping[str, Any] | None) -> bool:
+    """A plain stop would lose steps, and the next save is expected within :data:`NEAR_SAVE_S`."""
+    if not isinstance(unsaved, Mapping) or not isinstance(unsaved.get("steps"), int) or unsaved["steps"] <= 0:
+        return False
+    nxt = unsaved.get("next_save")
+    secs = nxt.get("seconds") if isinstance(nxt, Mapping) else None
+    return isinstance(secs, (int, float)) and 0 <= secs <= NEAR_SAVE_S
+
+
+def waiting_for_save_line(unsaved: Mapping[str, Any]) -> str:
+    """The reply of a plain stop that waits for a near save (see :func:`save_is_near`)."""
+    nxt = unsaved["next_save"]
+    return (f"the next checkpoint (iteration {nxt.get('iteration')}) is due in about "
+            f"{_short_duration(float(nxt['seconds']))}, so this stop waits for it and loses nothing; "
+            f"`shoprld stop` again stops now and loses the {unsaved['steps']} step"
+            f"{'s' if unsaved['steps'] != 1 else ''} since iteration {unsaved.get('since_iteration')}")
 
 
 def stop_cost_line(unsaved: Mapping[str, Any] | None) -> str | None:
@@ -262,6 +294,11 @@ def stop_cost_line(unsaved: Mapping[str, Any] | None) -> str | None:
     steps = unsaved.get("steps")
     if not isinstance(steps, int) or steps <= 0:
         return None
+    if save_is_near(unsaved):
+        nxt = unsaved["next_save"]
+        return (f"a plain stop now waits for the next checkpoint (iteration {nxt.get('iteration')}, due in about "
+                f"{_short_duration(float(nxt['seconds']))}) and loses nothing; a second plain stop stops at once, "
+                f"losing the {steps} step{'s' if steps != 1 else ''} since iteration {unsaved.get('since_iteration')}")
     secs = unsaved.get("seconds")
     about = f" (about {_short_duration(secs)} of training)" if isinstance(secs, (int, float)) and secs > 0 else ""
     return (f"a plain stop in TRAIN loses the {steps} step{'s' if steps != 1 else ''} since the last checkpoint "
