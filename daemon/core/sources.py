@@ -75,7 +75,7 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
                 await send.send(StopRequested("checkpoint"))
                 assert unsaved is not None
                 return {"ok": True, "mode": "checkpoint", "message": waiting_for_save_line(unsaved)}
-            cost = stop_cost_line(unsaved)
+            cost = stop_cost_line(unsaved, waits_when_near=not waiting)
             await send.send(StopRequested(mode))
             return {"ok": True, "mode": mode, **({"message": f"the daemon will exit when it is safe; {cost}"}
                                                  if cost else {})}

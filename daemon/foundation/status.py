@@ -287,13 +287,16 @@ def waiting_for_save_line(unsaved: Mapping[str, Any]) -> str:
             f"{'s' if unsaved['steps'] != 1 else ''} since iteration {unsaved.get('since_iteration')}")
 
 
-def stop_cost_line(unsaved: Mapping[str, Any] | None) -> str | None:
-    """One line on what a plain stop costs and the stop that costs nothing; None when nothing."""
+def stop_cost_line(unsaved: Mapping[str, Any] | None, *, waits_when_near: bool = True) -> str | None:
+    """One line on what a plain stop costs and the stop that costs nothing; None when nothing.
+    ``waits_when_near=False``: the stop that stops now whatever (a second plain stop)."""
     if not isinstance(unsaved, Mapping):
         return None
     steps = unsaved.get("steps")
     if not isinstance(steps, int) or steps <= 0:
         return None
+    if not waits_when_near:
+        return f"this stop loses the {steps} step{'s' if steps != 1 else ''} since iteration {unsaved.get('since_iteration')}"
     if save_is_near(unsaved):
         nxt = unsaved["next_save"]
         return (f"a plain stop now waits for the next checkpoint (iteration {nxt.get('iteration')}, due in about "

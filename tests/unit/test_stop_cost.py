@@ -121,7 +121,10 @@ async def test_a_plain_stop_near_a_save_waits_for_it_and_a_second_stops_now(
             first = capsys.readouterr().out
             assert await anyio.to_thread.run_sync(request_stop, cfg, "now") == 0
             assert await receive.receive() == StopRequested("now")
+            second = capsys.readouterr().out
             tg.cancel_scope.cancel()
+    assert second == ("shoprld: stop requested (now: every stage stops gracefully); the daemon will exit when it is "
+                      "safe; this stop loses the 12 steps since iteration 40\n")
     assert first == ("shoprld: stop requested (at the next committed checkpoint); the next checkpoint (iteration 60) "
                      "is due in about 4m, so this stop waits for it and loses nothing; `shoprld stop` again stops "
                      "now and loses the 12 steps since iteration 40\n")
