@@ -32,7 +32,7 @@ def default_output(config_path: Path) -> Path:
     return config_path.resolve().parent / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-report.html"
 
 
-def write_report(config_path: Path, out: Path | None = None) -> Path:
+def write_report(config_path: Path, out: Path | None = None, *, base: Path | None = None) -> Path:
     """Gather, render and write the report atomically; returns its path."""
     _pyplot()  # fail first, in one line, when the extra is missing
     cfg = load_config(config_path)
@@ -40,7 +40,7 @@ def write_report(config_path: Path, out: Path | None = None) -> Path:
     dest = out or default_output(config_path)
     if dest.parent.is_dir():  # refused before any work: a device, a FIFO, the journal, .env, ...
         resolve_output(dest, own, what="report")
-    data = gather(config_path)
+    data = gather(config_path, base=base)
     page = render(data)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -50,8 +50,8 @@ def write_report(config_path: Path, out: Path | None = None) -> Path:
     return dest
 
 
-def run_report(config_path: Path, out: Path | None = None) -> int:
-    """The ``shoprld report`` command."""
-    dest = write_report(config_path, out)
+def run_report(config_path: Path, out: Path | None = None, *, base: Path | None = None) -> int:
+    """The ``shoprld report`` command (``base``: the base model's val summary, see :func:`gather`)."""
+    dest = write_report(config_path, out, base=base)
     print(f"wrote {dest}", file=sys.stdout)
     return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import stat
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -39,10 +40,13 @@ from shoprld import __version__
 
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.configvalues import MAX_ROUNDS
+from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger
 from shoprld.daemon.foundation.secrets import load_secrets
+from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.status import collect
+from shoprld.daemon.ops.trainlog import Curves, read_curves
 
 FINAL = ("DONE", "STOPPED", "FAILED", "PAUSED_DISK")
 
@@ -65,6 +69,53 @@ class ReportData:
     environment: dict[str, str] = field(default_factory=dict)
     ledger: list[dict[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # The morning reader's header and the training dashboard.
+    span: tuple[float, float] | None = None  # (first journal time, last record or now)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # attempt.failed, oldest first
+    counts: dict[str, int] = field(default_factory=dict)  # crashes, retries, shopsim_restarts, stalls
+    curves: dict[int, Curves] = field(default_factory=dict)  # round -> its TRAIN log's metrics
+    vals: dict[int, ValStats] = field(default_factory=dict)  # round -> its bare val's N, means, s.e.
+    base: ValStats | None = None  # the base model's bare val, when one was recorded
+    base_note: str = ""  # where the base line came from, or why there is none
+
+
+@dataclass(frozen=True)
+class ValStats:
+    """One bare val's numbers, as the val tool wrote them (``summary.json``'s counts/primary)."""
+
+    success_rate: float | None
+    reward_mean: float | None
+    reward_sem: float | None  # the tool's own s.e. of reward_mean (None below 2 episodes)
+    n: int | None  # counts.completed: the episodes the means are over
+    requested: int | None
+
+    def success_sem(self) -> float | None:
+        """The s.e. of the success rate (a proportion over N episodes): sqrt(p(1-p)/N)."""
+        if self.success_rate is None or not self.n or not 0 <= self.success_rate <= 1:
+            return None
+        return math.sqrt(self.success_rate * (1 - self.success_rate) / self.n)
+
+    @classmethod
+    def from_summary(cls, doc: Any) -> ValStats | None:
+        """From a val tool's ``summary.json`` (None: not one)."""
+        if not isinstance(doc, dict):
+            return None
+        primary = doc.get("primary") if isinstance(doc.get("primary"), dict) else {}
+        counts = doc.get("counts") if isinstance(doc.get("counts"), dict) else {}
+        if not primary and not counts:
+            return None
+        return cls(success_rate=_finite(primary.get("success_rate")), reward_mean=_finite(primary.get("reward_mean")),
+                   reward_sem=_finite(primary.get("reward_sem")), n=_count(counts.get("completed")),
+                   requested=_count(counts.get("requested")))
+
+    @classmethod
+    def from_round(cls, row: Mapping[str, Any]) -> ValStats | None:
+        """From a round record that carries them (``val_n``...; None: an older record)."""
+        if as_int(row.get("val_n")) is None:
+            return None
+        return cls(success_rate=_finite(row.get("val")), reward_mean=_finite(row.get("reward_mean")),
+                   reward_sem=_finite(row.get("reward_sem")), n=_count(row.get("val_n")),
+                   requested=_count(row.get("val_requested")))
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -99,6 +150,16 @@ def as_num(v: Any) -> float | None:
 
 def as_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _finite(v: Any) -> float | None:
+    f = as_num(v)
+    return f if f is not None and math.isfinite(f) else None
+
+
+def _count(v: Any) -> int | None:
+    n = as_int(v)
+    return n if n is not None and 0 <= n <= COUNT_MAX else None
 
 
 # What a journal record may hold and still be drawn: a round index below the config's ceiling,
@@ -149,7 +210,8 @@ def sane_rounds(rows: Sequence[Mapping[str, Any]], notes: list[str], where: str)
 
 def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
             notes: list[str] | None = None) -> dict[str, Any]:
-    """The timeline, marks, disk series, checkpoints and step times from journal records.
+    """The timeline, marks, disk series, checkpoints, step times, failures, counts and the
+    campaign's wall-clock span from journal records.
 
     A record with a value out of any sane range (:func:`insane`) is skipped, with a line in
     ``notes`` (the first 20, then a count)."""
@@ -161,7 +223,10 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
     limits: tuple[int, int] | None = None
     open_seg: tuple[float, str, int] | None = None
     last_state: str | None = None
+    first_t: float | None = None
     last_t: float | None = None
+    failures: list[dict[str, Any]] = []
+    counts = {"crashes": 0, "retries": 0, "shopsim_restarts": 0, "stalls": 0}
     skipped = 0
     for rec in journal:
         why = insane(rec)
@@ -174,6 +239,7 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
         if t is None or not math.isfinite(t):
             continue
         last_t = t
+        first_t = t if first_t is None else first_t
         ev = rec["event"]
         rnd = as_int(rec.get("round")) or 0
         free = as_int(rec.get("free_bytes"))
@@ -188,7 +254,9 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
                 segments.append((open_seg[0], t, open_seg[1], open_seg[2]))
             if rec.get("src") is None and last_state is not None and last_state not in FINAL:
                 marks.append((t, rnd, "crash", f"the daemon came back after dying in {last_state}"))
+                counts["crashes"] += 1
             if rec.get("trigger") == "retry":
+                counts["retries"] += 1
                 marks.append((t, rnd, "restart", f"{dst} retried: {rec.get('message') or ''}".strip()))
             if dst == "PAUSED_DISK":
                 marks.append((t, rnd, "park", str(rec.get("message") or "parked for disk")))
@@ -198,8 +266,12 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
             last_state = dst
         elif ev == "train.stall":
             marks.append((t, rnd, "stall", f"no step for {rec.get('idle_s')}s"))
+            counts["stalls"] += 1
         elif ev in ("shopsim.restart", "shopsim.died"):
             marks.append((t, rnd, "restart", ev))
+            counts["shopsim_restarts"] += int(ev == "shopsim.restart")
+        elif ev == "attempt.failed":
+            failures.append(_failure(rec, t, rnd))
         elif ev == "checkpoint.committed":
             ckpts.append({"t": t, "round": rnd, "iteration": rec.get("iteration"), "bytes": rec.get("bytes"),
                           "latency_ms": rec.get("latency_ms")})
@@ -224,12 +296,31 @@ def analyse(journal: Sequence[Mapping[str, Any]], *, now: float, alive: bool,
                  and b["iteration"] > a["iteration"]]
         if rates:
             steps[rnd] = statistics.median(rates)
+    span = None
+    if first_t is not None and last_t is not None:
+        span = (first_t, max(now if alive and last_state not in FINAL else last_t, last_t))
     return {"segments": segments, "marks": marks, "disk": disk, "checkpoints": ckpts, "step_seconds": steps,
-            "limits": limits}
+            "limits": limits, "failures": failures, "counts": counts, "span": span}
 
 
-def gather(config_path: Path) -> ReportData:
-    """Read the campaign's journal, state, status and ledger (read-only; see the module docstring)."""
+def _failure(rec: Mapping[str, Any], t: float, rnd: int) -> dict[str, Any]:
+    """One failed attempt as the page shows it: where, the cause, its decisive line, the fix, the bundle."""
+    cause = rec.get("cause") if isinstance(rec.get("cause"), dict) else {}
+    return {"t": t, "round": rnd, "state": str(rec.get("state") or ""), "attempt": as_int(rec.get("attempt")),
+            "cause": str(cause.get("name") or "unknown"), "detail": str(cause.get("detail") or ""),
+            "advice": str(cause.get("advice") or ""), "bundle": str(rec.get("bundle") or ""),
+            "exit_status": rec.get("exit_status") if as_int(rec.get("exit_status")) is not None else None,
+            "message": str(rec.get("message") or "")}
+
+
+MAX_SUMMARY = 16 << 20  # a val summary is a few KiB
+BASE_VAL_DIR = "base-bare-val"  # <runs>/base-bare-val/summary.json: the base model's bare val
+
+
+def gather(config_path: Path, base: Path | None = None) -> ReportData:
+    """Read the campaign's journal, state, status, ledger, TRAIN logs and val summaries
+    (read-only; see the module docstring). ``base``: the base model's val ``summary.json`` (or
+    its dir); without it, ``<runs>/base-bare-val/summary.json`` when that exists."""
     cfg = load_config(config_path)
     layout = Layout.from_config(cfg)
     red = load_secrets(layout.env_file, extra_keys=cfg.required_secrets()).redactor
@@ -267,6 +358,15 @@ def gather(config_path: Path) -> ReportData:
         config_text=config_text, environment={k: v for k, v in env.items() if v}, ledger=ledger,
         problems=problems, **found,
     )
+    data.vals = read_vals(layout.runs, data.rounds_done, problems)
+    data.base, data.base_note = read_base(base, layout.runs)
+    current = as_int(status.get("round"))
+    last_round = max([r["round"] for r in data.rounds_done] + [current if current is not None else -1]
+                     + [s[3] for s in data.segments])
+    for r in range(0, min(last_round, ROUND_MAX - 1) + 1):
+        curves = read_curves(layout.stage_log(r, "TRAIN"))
+        if curves is not None and curves.lines:
+            data.curves[r] = curves
     disk = status.get("disk") if isinstance(status.get("disk"), dict) else None
     if disk and data.limits is None and as_int(disk.get("soft_limit_bytes")) and as_int(disk.get("hard_limit_bytes")):
         data.limits = (disk["soft_limit_bytes"], disk["hard_limit_bytes"])
@@ -279,5 +379,56 @@ def gather(config_path: Path) -> ReportData:
     data.marks = [(t, r, k, red.text(s)) for t, r, k, s in data.marks]
     data.ledger = red.obj(data.ledger)
     data.rounds_done = red.obj(data.rounds_done)
+    data.failures = red.obj(data.failures)
     data.problems = [red.text(p) for p in data.problems]
+    data.base_note = red.text(data.base_note)
     return data
+
+
+def _read_summary(path: Path) -> tuple[ValStats | None, str]:
+    """A val tool's summary.json: (its numbers, '') or (None, why not)."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device is never a summary
+            return None, f"{path}: not a regular file"
+        if st.st_size > MAX_SUMMARY:
+            return None, f"{path}: {st.st_size} bytes, too large for a val summary"
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, f"{path}: no such file"
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"{path}: not a readable JSON file ({str(exc)[:80]})"
+    stats = ValStats.from_summary(doc)
+    return stats, "" if stats else f"{path}: not a val summary (no counts/primary)"
+
+
+def read_vals(runs: Path, rounds_done: Sequence[Mapping[str, Any]], notes: list[str]) -> dict[int, ValStats]:
+    """Each finished round's val numbers: from its record, else (a record written before the
+    record carried N and s.e.) from ``<runs>/round-NNN-bare-val/summary.json`` when still there."""
+    out: dict[int, ValStats] = {}
+    for row in rounds_done:
+        r = row["round"]
+        stats = ValStats.from_round(row)
+        if stats is None:
+            stats, why = _read_summary(runs / f"{round_id(r)}-bare-val" / "summary.json")
+            if stats is None:
+                notes.append(f"{round_id(r)}: no N or s.e. for its val ({why})")
+                continue
+        out[r] = stats
+    return out
+
+
+def read_base(base: Path | None, runs: Path) -> tuple[ValStats | None, str]:
+    """The base model's val: ``base`` (a summary.json or its dir; unreadable: ConfigError, since
+    the user named it) or the conventional place (missing: None and the reason)."""
+    if base is None:
+        path = runs / BASE_VAL_DIR / "summary.json"
+        if not path.exists():
+            return None, (f"no base-model val recorded (the ShopSimRL loop never validates the base model): run "
+                          f"the val tool on it into {runs / BASE_VAL_DIR}, or pass --base SUMMARY.json")
+    else:
+        path = base / "summary.json" if base.is_dir() else base
+    stats, why = _read_summary(path)
+    if stats is None and base is not None:
+        raise ConfigError(f"--base {why}; fix: name the val tool's summary.json of the base model (or its dir)")
+    return stats, str(path) if stats else why
