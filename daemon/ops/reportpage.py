@@ -297,9 +297,9 @@ table{border-collapse:collapse;margin:6px 0}td,th{padding:2px 10px 2px 0;text-al
 th{color:#555;font-weight:600}pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px;max-width:100%}
 .scroll{overflow-x:auto;max-width:100%}
 .fig{overflow-x:auto;max-width:100%}.fig svg{max-width:100%;height:auto;display:block}
-.scroll td{white-space:nowrap}.dim{color:#666}.warn{color:#a33}
+.scroll td{white-space:nowrap}.scroll td:last-child{white-space:normal;min-width:14em;overflow-wrap:anywhere}.dim{color:#666}.warn{color:#a33}
 p,li,dd,.card{overflow-wrap:anywhere}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(200px,1fr));gap:8px}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(160px,1fr));gap:8px}
 .card{border:1px solid #ddd;border-radius:6px;padding:6px 10px}.card b{display:block;color:#555;font-size:12px}
 .card.bad{border-color:#D55E00}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:10px}
