@@ -431,4 +431,6 @@ def read_base(base: Path | None, runs: Path) -> tuple[ValStats | None, str]:
     stats, why = _read_summary(path)
     if stats is None and base is not None:
         raise ConfigError(f"--base {why}; fix: name the val tool's summary.json of the base model (or its dir)")
+    if stats is not None and stats.success_rate is None:
+        return None, f"{path}: the base model's val completed no episode (counts.completed={stats.n}): no line"
     return stats, str(path) if stats else why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoprld.daemon.ops import report, reportpage
 from shoprld.daemon.foundation.config import load_config
@@ -226,6 +229,10 @@ def test_the_base_model_line_comes_from_its_val_summary(tmp_path: Path) -> None:
     other.mkdir()
     (other / "summary.json").write_text(json.dumps({**summary, "primary": {"success_rate": 0.5}}))
     assert report.gather(campaign, base=other).base.success_rate == 0.5
+    (other / "empty.json").write_text(json.dumps({"counts": {"completed": 0, "requested": 30},
+                                                  "primary": {"success_rate": None, "reward_sem": None}}))
+    empty = report.gather(campaign, base=other / "empty.json")
+    assert empty.base is None and "completed no episode (counts.completed=0)" in empty.base_note
     (other / "bad.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match=r"^--base .*bad.json: not a val summary.*; fix: "):
         report.gather(campaign, base=other / "bad.json")
@@ -276,3 +283,45 @@ def test_a_finished_rounds_record_keeps_the_val_tools_n_and_sem() -> None:
     bare = RoundRecords({"counts": {"completed": True}}, {"reward_sem": float("nan")}, {}, {}, {}).result()
     assert (bare["val_n"], bare["reward_sem"], bare["reward_mean"]) == (None, None, None)
     assert report.ReportData  # the report reads these (test_validation_has_error_bars...)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                     max_leaves=20)
+_NUMBERISH = st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats() | st.text(max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_JSON | st.fixed_dictionaries({"counts": st.dictionaries(st.sampled_from(["completed", "requested"]),
+                                                                      _NUMBERISH),
+                                           "primary": st.dictionaries(
+                                               st.sampled_from(["success_rate", "reward_mean", "reward_sem"]),
+                                               _NUMBERISH)}))
+def test_any_val_summary_gives_sane_numbers_or_none(doc: Any) -> None:
+    """A val summary.json (outside data) of any shape: None or finite numbers and counts in
+    range, and the s.e. and the page's numbers never raise."""
+    from shoprld.daemon.ops.reportdata import COUNT_MAX, ValStats
+
+    for stats in (ValStats.from_summary(doc), ValStats.from_round(doc) if isinstance(doc, dict) else None):
+        if stats is None:
+            continue
+        for v in (stats.success_rate, stats.reward_mean, stats.reward_sem):
+            assert v is None or (isinstance(v, float) and math.isfinite(v))
+        for n in (stats.n, stats.requested):
+            assert n is None or (type(n) is int and 0 <= n <= COUNT_MAX)
+        sem = stats.success_sem()
+        assert sem is None or math.isfinite(sem)
+        reportpage._pm(stats.success_rate, sem)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from(["state", "attempt", "cause", "bundle", "exit_status", "message"]),
+                              _JSON, max_size=6))
+def test_any_failed_attempt_record_renders_in_the_header(fields: dict[str, Any]) -> None:
+    """An attempt.failed journal record with any field values (a hand-edited journal) becomes a
+    header line without an exception, every text escaped."""
+    rec = {"event": "attempt.failed", "seq": 1, "t": T0, "round": 0, **fields}
+    found = report.analyse([rec], now=T0, alive=False)
+    data = report.ReportData(campaign="c", experiment="e", rounds=1, state="FAILED", **found)
+    top = reportpage.header(data)
+    assert "round-000" in top and "<script" not in top
