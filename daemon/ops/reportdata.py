@@ -152,9 +152,12 @@ def as_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+VAL_MAX = 1e6  # a val number beyond this is no rate or reward (a damaged summary): not drawn
+
+
 def _finite(v: Any) -> float | None:
     f = as_num(v)
-    return f if f is not None and math.isfinite(f) else None
+    return f if f is not None and math.isfinite(f) and abs(f) <= VAL_MAX else None
 
 
 def _count(v: Any) -> int | None:
@@ -406,15 +409,19 @@ def read_vals(runs: Path, rounds_done: Sequence[Mapping[str, Any]], notes: list[
     """Each finished round's val numbers: from its record, else (a record written before the
     record carried N and s.e.) from ``<runs>/round-NNN-bare-val/summary.json`` when still there."""
     out: dict[int, ValStats] = {}
+    missing: list[str] = []
     for row in rounds_done:
         r = row["round"]
         stats = ValStats.from_round(row)
         if stats is None:
             stats, why = _read_summary(runs / f"{round_id(r)}-bare-val" / "summary.json")
             if stats is None:
-                notes.append(f"{round_id(r)}: no N or s.e. for its val ({why})")
+                missing.append(f"{round_id(r)} ({why})")
                 continue
         out[r] = stats
+    if missing:
+        more = f" and {len(missing) - 3} more rounds" if len(missing) > 3 else ""
+        notes.append(f"no N or s.e. for the val of {'; '.join(missing[:3])}{more}: their points have no error bars")
     return out
 
 

@@ -40,6 +40,9 @@ MAX_LINE = 256 * 1024  # longer lines (no slime metric line is near this) are sk
 MAX_KEYS = 200  # metric names kept per round; more are counted, not kept
 MAX_POINTS = 200_000  # points kept per round (a 100k-rollout log stays bounded)
 CHUNK = 1 << 20
+# Larger magnitudes are dropped: no metric slime logs comes near, and matplotlib cannot put ticks
+# on a span of 1e308 (a hand-made or corrupted line must not cost the report).
+VALUE_MAX = 1e15
 
 # ` - perf 6: {`, ` - critic-step 12: {` (the message after slime's `file.py:line - `).
 _MESSAGE = re.compile(rb"(?:^|\s)-\s+(?:[A-Za-z_]{1,20}-)?(perf|rollout|eval|step)\s+(\d{1,12}):\s*\{")
@@ -57,7 +60,8 @@ def parse_line(line: bytes) -> tuple[str, int, dict[str, float]] | None:
     """``(x kind, x, {metric: value})`` of one slime metric line, or None when it is not one.
 
     ``x kind`` is :data:`X_STEP` for ``step N`` lines (an optimizer step), else
-    :data:`X_ROLLOUT`. Only finite values are kept; counters (:data:`NOT_CURVES`) are dropped."""
+    :data:`X_ROLLOUT`. Only finite values within ±:data:`VALUE_MAX` are kept; counters
+    (:data:`NOT_CURVES`) are dropped."""
     if len(line) > MAX_LINE:
         return None
     m = _MESSAGE.search(line)
@@ -75,7 +79,7 @@ def parse_line(line: bytes) -> tuple[str, int, dict[str, float]] | None:
             v = float(pm.group(3))
         except ValueError:  # the regex admits only float() spellings; belt and braces
             continue
-        if math.isfinite(v):
+        if math.isfinite(v) and abs(v) <= VALUE_MAX:
             values[key] = v
     if not values:
         return None

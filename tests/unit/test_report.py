@@ -314,7 +314,7 @@ def test_any_val_summary_gives_sane_numbers_or_none(doc: Any) -> None:
         reportpage._pm(stats.success_rate, sem)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fields=st.dictionaries(st.sampled_from(["state", "attempt", "cause", "bundle", "exit_status", "message"]),
                               _JSON, max_size=6))
 def test_any_failed_attempt_record_renders_in_the_header(fields: dict[str, Any]) -> None:
@@ -325,3 +325,32 @@ def test_any_failed_attempt_record_renders_in_the_header(fields: dict[str, Any])
     data = report.ReportData(campaign="c", experiment="e", rounds=1, state="FAILED", **found)
     top = reportpage.header(data)
     assert "round-000" in top and "<script" not in top
+
+
+@settings(max_examples=10, deadline=None)
+@given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=30),
+       val=_NUMBERISH, sem=_NUMBERISH, n=_NUMBERISH)
+def test_the_plots_draw_whatever_numbers_the_parsers_let_through(values: list[float], val: Any, sem: Any,
+                                                                 n: Any) -> None:
+    """Curves from any metric line the trainer-log reader accepts, and a val from any record the
+    report reads, draw without an exception (matplotlib cannot tick a span of 1e308)."""
+    pytest.importorskip("matplotlib")
+    from shoprld.daemon.ops import trainlog
+    from shoprld.daemon.ops.reportdata import ValStats, as_num
+
+    curves = trainlog.Curves()
+    for i, v in enumerate(values):
+        found = trainlog.parse_line(f"x - perf {i}: {{'m/x': {v!r}}}".encode())
+        if found:
+            curves.rollout.setdefault("m/x", {})[i] = found[2]["m/x"]
+    row = {"round": 0, "val": val, "val_n": n if isinstance(n, int) else 30, "reward_mean": val, "reward_sem": sem}
+    data = report.ReportData(campaign="c", experiment="e", rounds=1, state="DONE", curves={0: curves},
+                             rounds_done=[row] if as_num(val) is not None else [])
+    stats = ValStats.from_round(row)
+    if stats:
+        data.vals = {0: stats}
+        data.base = stats if stats.success_rate is not None else None
+    plt = reportpage._pyplot()
+    if curves.rollout:
+        assert "<svg" in reportpage.plot_curve(plt, data, "rollout", "m/x")
+    assert "<svg" in reportpage.plot_val(plt, data)
