@@ -259,5 +259,7 @@ def test_the_page_header_and_dashboard_read_the_nights_records(faulted_report: P
     assert data.failures[0]["cause"] != "" and Path(data.failures[0]["bundle"]).is_dir()
     assert sorted(data.curves) == [0, 1] and all("rollout/reward" in c.rollout for c in data.curves.values())
     assert sorted(data.vals) == [0, 1] and all(v.n and v.reward_sem is not None for v in data.vals.values())
+    recorded = [json.loads(ln) for ln in (faulted_report.parent / "state" / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["val_n"]) for r in recorded] == [(0, 30), (1, 30)]  # from the record, not a fallback
     page = faulted_report.read_text()
     assert data.failures[0]["bundle"] in page and "±1 s.e." in page
