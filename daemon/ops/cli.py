@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(p)
     p.add_argument("-o", "--output", metavar="OUT.html",
                    help="where to write it (default: <campaign file's dir>/<campaign>-report.html)")
+    p.add_argument("--base", metavar="SUMMARY.json",
+                   help="the val tool's summary.json of the base model (or its dir): the val plot's base line "
+                        "(default: <runs>/base-bare-val/summary.json when it exists)")
 
     p = sub.add_parser("install-service", help="render the systemd unit for this machine and print the systemctl commands")
     _config_arg(p)
@@ -314,7 +317,8 @@ def cmd_import_campaign(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from shoprld.daemon.ops.report import run_report  # lazy: the status path stays on the stdlib
 
-    return run_report(Path(args.config), Path(args.output) if args.output else None)
+    return run_report(Path(args.config), Path(args.output) if args.output else None,
+                      base=Path(args.base) if args.base else None)
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
