@@ -54,10 +54,11 @@ from shoprld.daemon.core.engine import Engine
 from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
-from shoprld.daemon.round.plan import demo_dir
-from shoprld.daemon.foundation.secrets import load_secrets
+from shoprld.daemon.round.plan import demo_dir, resolve
+from shoprld.daemon.foundation.secrets import Secrets, load_secrets
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.ops.rehearse_judge import Pass, judge_pass, merge, read_records
+from shoprld.daemon.ops.rehearse_judge import (CONTRACT, SECTION, Pass, judge_pass, merge, read_records,
+                                              tool_verdicts)
 from shoprld.daemon.services.validate import validate
 
 TIME_LIMIT_S = 600.0
@@ -306,6 +307,40 @@ def _switch_off(blamed: str | None, layout: Layout) -> str | None:
     return None
 
 
+def _inject_alone(scfg: Config, slayout: Layout, secrets: Secrets, sc: Scratch,
+                  verdicts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """build-curriculum needs only files: when the engine never reached INJECT, run it anyway,
+    as INJECT would have after a failed gate (on the current SkillBank), with the same argv,
+    env, conda env and cwd, so that its mismatches are known too."""
+    now = dict(verdicts)
+    if not scfg.inject.command or not now.get("inject.command", "").startswith("not reached"):
+        return verdicts
+    values = resolve(scfg, slayout, 0, secrets)
+    values.plan.next_runs_dir.mkdir(parents=True, exist_ok=True)
+    slayout.ensure_runs_link()  # what the tools hard-code: it still points into the scratch dir
+    before = {f.name for f in sc.records.glob("*.json")}
+    log = slayout.stage_log(0, "INJECT")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = values.wrap(values.argv(scfg.inject.command), scfg.inject)
+    with open(log, "ab") as fh:
+        fh.write(f"=== shoprld rehearse: inject.command run on its own (INJECT not reached): {' '.join(argv)}\n"
+                 .encode())
+        fh.flush()
+        try:
+            subprocess.run(argv, env=values.env(scfg.inject), cwd=scfg.inject.cwd or slayout.project_root,
+                           stdout=fh, stderr=subprocess.STDOUT, timeout=300, start_new_session=True, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            fh.write(f"=== shoprld rehearse: {type(exc).__name__}: {exc}\n".encode())
+    new = {f.name for f in sc.records.glob("*.json")} - before
+    records = read_records(sc.records, new)
+    if "inject.command" not in records:
+        return verdicts
+    found = tool_verdicts(Pass(scfg, slayout, [], records)).get("inject.command")
+    verdict = (found + ("" if CONTRACT in found else f" [{CONTRACT} {SECTION['inject.command']}]") if found else
+               "ok (run on its own, on the current SkillBank: INJECT was not reached)")
+    return [(n, verdict if n == "inject.command" else v) for n, v in verdicts]
+
+
 def _keep_logs(sc: Scratch, slayout: Layout) -> None:
     """A failed rehearsal's scratch dir stays, for its stage logs, tool records, journal and
     the tools' output files the verdicts name; only the bulky stand-in weights go."""
@@ -373,6 +408,8 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
                 break
             off.add(nxt)
         verdicts = merge(passes)
+        if not timed_out.is_set():
+            verdicts = _inject_alone(scfg, slayout, secrets, sc, verdicts)
     finally:
         if timer is not None:
             timer.cancel()
@@ -395,7 +432,7 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
     width = max(len(n) for n, _ in verdicts) + 2
     for name, verdict in verdicts:
         print(f"  {name:<{width}}{secrets.redact(verdict)}")
-    bad = [n for n, v in verdicts if v not in ("ok",) and not v.startswith("skipped")]
+    bad = [n for n, v in verdicts if not v.startswith(("ok", "skipped"))]
     runs_note = f"{len(passes)} engine passes, switched off after failing: {', '.join(sorted(off))}" if off else ""
     if bad:
         unreached = sum(1 for n, v in verdicts if v.startswith("not "))

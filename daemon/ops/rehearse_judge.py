@@ -44,7 +44,7 @@ NEEDS = {
     TRAINER: "runs/loop/{rid}/slime.yaml (train.emit_command)",
     "export": "the trainer's final checkpoint",
     "val.command": "this round's HF export",
-    "gate.analyze_command": "this round's training (TRAIN done)",
+    "gate.analyze_command": "this round's training, ShopSim and the analyst's API, in GATE (or VAL, overlapped)",
     "gate.command": "a bare val summary.json the daemon accepts (val.command)",
     "inject.command": "GATE's decision, the next SkillBank (gate.command)",
     "ledger row": "INJECT's decision (inject.command)",
@@ -182,7 +182,7 @@ class Pass:
     message: str = ""
 
 
-def _tool_verdicts(p: Pass) -> dict[str, str | None]:
+def tool_verdicts(p: Pass) -> dict[str, str | None]:
     """Each tool that ran in this pass against the contract (None: it matches)."""
     runs, rid, nxt = p.layout.runs, "round-000", "round-001"
     out: dict[str, str | None] = {}
@@ -292,7 +292,7 @@ def judge_pass(p: Pass) -> Pass:
                   "sidecar.command": cfg.sidecar.enabled and bool(cfg.sidecar.command),
                   "inject.command": bool(cfg.inject.command), "gate.analyze_command": bool(cfg.gate.analyze_command),
                   "gate.command": bool(cfg.gate.command), "train.emit_command": bool(cfg.train.emit_command)}
-    found = _tool_verdicts(p)
+    found = tool_verdicts(p)
     for name, recs in p.records.items():
         # A tool the daemon stopped (its stage ended: e.g. the sidecar when the trainer died) is
         # not judged by an exit it did not choose; a later pass may still run it whole.
@@ -347,14 +347,16 @@ def merge(passes: list[Pass], rid: str = "round-000") -> list[tuple[str, str]]:
         judged = [v for v in seen if v.startswith("not judged")]
         if bad:
             verdict = bad[0]
-        elif "ok" in seen:
+        elif any(v.startswith("ok") for v in seen):
             verdict = "ok"
         elif seen and seen[0].startswith("skipped"):
             verdict = seen[0]
         elif judged:
             verdict = judged[0]
         else:
-            verdict = f"not reached: needs {NEEDS.get(name, 'the stages before it').format(rid=rid)}"
+            stop = next((p.blamed for p in reversed(passes) if p.blamed), None)
+            verdict = (f"not reached{f' (the rehearsal stopped at {stop})' if stop else ''}: needs "
+                       f"{NEEDS.get(name, 'the stages before it').format(rid=rid)}")
         if verdict not in ("ok",) and not verdict.startswith(("not ", "skipped")) and name in SECTION \
                 and CONTRACT not in verdict:
             verdict += f" [{CONTRACT} {SECTION[name]}]"

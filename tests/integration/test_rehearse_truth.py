@@ -98,8 +98,9 @@ def test_a_dead_trainer_is_named_by_its_own_error_and_its_logs_are_kept(tmp_path
         trainer = v["train.command (slime stand-in)"]
         assert trainer.startswith("the trainer died on its own: '[demo fault] crashing at rollout 1'"), out
         assert "progress_pattern" not in trainer, out
-        assert v["export"] == "not reached: needs the trainer's final checkpoint", out
-        assert v["inject.command"].startswith("not reached: needs GATE's decision"), out
+        assert v["export"] == ("not reached (the rehearsal stopped at train.command (slime stand-in)): needs the "
+                               "trainer's final checkpoint"), out
+        assert v["inject.command"].startswith("ok (run on its own, on the current SkillBank"), out
         printed = out.split("--- stderr ---")[0]
         m = re.search(r"^  logs kept: stage logs in (\S+),", printed, re.M)
         assert m, out
@@ -164,6 +165,27 @@ def test_a_failed_rehearsal_leaves_the_shopsim_checkout_and_project_root_as_foun
         assert differences(checkout_before, snapshot(shop_env)) == []
         assert differences(repo_before, snapshot(tmp_path / "repo")) == []
         assert (shop_env / "shop_agent.log").read_text() == "an earlier session's requests\n"
+        assert _leftovers(scratch) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_past_a_failing_val_build_curriculum_still_runs_and_is_judged(tmp_path: Path) -> None:
+    """The bare val's summary lacks `counts.coverage`: VAL cannot finish, so the gate is not
+    reached (it needs that summary), but build-curriculum needs only files: it runs on its own,
+    on the current SkillBank, and its one-line payload is named."""
+    campaign = make_tree(tmp_path, rounds=2)
+    code, out = _rehearse(campaign, {"DEMO_FAULT_FILE_DROP": "summary.json:counts.coverage",
+                                     "DEMO_FAULT_ONE_LINE": "build-curriculum"})
+    scratch = _scratch(out)
+    try:
+        assert code == 6, out
+        v = _verdicts(out)
+        assert v["val.command"].startswith("summary.json lacks `counts.coverage` (runs/round-000-bare-val/"), out
+        assert v["gate.command"] == ("not reached (the rehearsal stopped at val.command): needs a bare val "
+                                     "summary.json the daemon accepts (val.command)"), out
+        assert v["inject.command"].startswith("inject.command printed its JSON payload on one line"), out
+        assert v["inject.command"].count("shared/contracts/shopsimrl-tools.md") == 1, out
         assert _leftovers(scratch) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
