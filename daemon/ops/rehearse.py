@@ -67,7 +67,7 @@ VAL_TASKS = 4
 EPISODE_CONCURRENCY = 2
 VAL_CONCURRENCY = 2
 # Engine runs at most: each after the first resumes with one more failing stage switched off.
-MAX_PASSES = 6
+MAX_PASSES = 1 + 6  # the first, then one per stage that can be switched off (SWITCH_OFF, emit)
 # The stages a pass may run without (the later stages then run on what the earlier ones left).
 SWITCH_OFF = frozenset({"train.check_command", "sidecar.command", "gate.analyze_command", "gate.command",
                         "inject.command"})
@@ -378,6 +378,15 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
         timed_out.set()
         os.kill(os.getpid(), signal.SIGTERM)
 
+    # Between two passes no engine holds SIGTERM: a stop (the time limit's, or anyone's) must
+    # then end the rehearsal through its cleanup, never kill it with the runs link re-pointed.
+    stop_asked = threading.Event()
+
+    def on_term(_s: int, _f: object) -> None:
+        stop_asked.set()
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+
     try:
         _prepare_models(sc)
         scfg = derive(cfg, layout, sc, real_analyst=real_analyst, notify=notify)
@@ -399,20 +408,24 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
             log_at = _size(slayout.stage_log(0, "TRAIN"))
             engine = Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER)
             anyio.run(engine.main)
+            signal.signal(signal.SIGTERM, on_term)  # asyncio put back SIG_DFL when the engine's loop closed
             new = {f.name for f in sc.records.glob("*.json")} - records_before
             p = judge_pass(Pass(scfg, slayout, _journal(slayout.state_dir)[journal_at:], read_records(sc.records, new),
                                 trainer_log=_read_from(slayout.stage_log(0, "TRAIN"), log_at)))
             passes.append(p)
-            nxt = None if timed_out.is_set() else _switch_off(p.blamed, slayout)
+            if timed_out.is_set() or stop_asked.is_set() or p.stopped:
+                break
+            nxt = _switch_off(p.blamed, slayout)
             if nxt is None or nxt in off:
                 break
             off.add(nxt)
         verdicts = merge(passes)
-        if not timed_out.is_set():
+        if not (timed_out.is_set() or stop_asked.is_set() or passes[-1].stopped):
             verdicts = _inject_alone(scfg, slayout, secrets, sc, verdicts)
     finally:
         if timer is not None:
             timer.cancel()
+        signal.signal(signal.SIGTERM, old_term)
         if analyst is not None:
             analyst.terminate()
             try:

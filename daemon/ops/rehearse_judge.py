@@ -136,10 +136,12 @@ def lacks(path: Path, keys: tuple[str, ...], runs: Path) -> str | None:
         return f"{path.name} is not valid JSON ({type(exc).__name__}; {where})"
     for dotted in keys:
         cur: Any = data
+        seen = "the file"
         for part in dotted.split("."):
             if not isinstance(cur, dict) or part not in cur:
-                return f"{path.name} lacks `{dotted}` ({where})"
-            cur = cur[part]
+                has = ", ".join(sorted(cur)[:10]) if isinstance(cur, dict) else f"a {type(cur).__name__}"
+                return f"{path.name} lacks `{dotted}` ({where}; {seen} has: {has or 'nothing'})"
+            cur, seen = cur[part], f"`{part}`"
     return None
 
 
@@ -180,6 +182,7 @@ class Pass:
     verdicts: dict[str, str] = field(default_factory=dict)
     blamed: str | None = None  # the stage the engine failed in (or "engine")
     message: str = ""
+    stopped: bool = False  # the engine was stopped (the time limit, a signal), not failed
 
 
 def tool_verdicts(p: Pass) -> dict[str, str | None]:
@@ -334,6 +337,7 @@ def judge_pass(p: Pass) -> Pass:
             p.verdicts[name] = "ok"
     p.blamed = blamed_stage if blamed_stage is not None else ("engine" if blame is not None else None)
     p.message = message
+    p.stopped = stopped is not None and failed is None
     return p
 
 
