@@ -23,9 +23,13 @@ It drives the real engine (daemon/core/engine.py) over a config derived from the
   the scratch dir during the rehearsal and is put back after. The real campaign's daemon must
   not be running (its lock is held for the rehearsal, so it cannot start meanwhile).
 
-Then every stage gets a verdict, ``ok`` or the exact mismatch against the tools contract
-(``shared/contracts/shopsimrl-tools.md``), and one overall line. Exit 0 when every stage is
-ok, 6 otherwise, 3 for a config the campaign itself could not run with.
+A failing stage does not end the rehearsal: the engine runs again (resuming the round) with
+that stage switched off, so every stage that can run does, and one rehearsal lists every
+mismatch; build-curriculum, which needs only files, runs on its own when INJECT is not
+reached. Then every stage gets a verdict (rehearse_judge.py), ``ok`` or the exact mismatch
+against the tools contract (``shared/contracts/shopsimrl-tools.md``), and one overall line. A
+failed rehearsal keeps its logs and says where. Exit 0 when every stage is ok, 6 otherwise, 3
+for a config the campaign itself could not run with.
 """
 
 from __future__ import annotations
