@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     record, stage = Path(o["--record"]), o["--stage"]
     rc, out, err, seen, took = run_wrapped(cmd, o.get("--cwd"))
     notes: list[str] = []
-    if rc == 0 and "--emit-spec" in o:
+    # Whenever the YAMLs are there, even after a failing exit: the round may go on with them
+    # (the daemon judges emit by slime.yaml), and must then use the scratch ports and sizes.
+    if "--emit-spec" in o and (Path(o["--loop-dir"]) / "slime.yaml").is_file():
         try:
             size_down(Path(o["--loop-dir"]), json.loads(Path(o["--emit-spec"]).read_text()), notes)
         except (OSError, ValueError, KeyError) as exc:
