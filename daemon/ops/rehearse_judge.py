@@ -49,6 +49,8 @@ NEEDS = {
     "inject.command": "GATE's decision, the next SkillBank (gate.command)",
     "ledger row": "INJECT's decision (inject.command)",
 }
+# slime's own progress lines, whatever prefix Ray gives them (contract §10).
+_SLIME_PROGRESS = re.compile(r"- (?:rollout|perf|step) \d+: ")
 _TRAINER_START = re.compile(r"^=== shoprld \S+ start trainer", re.M)
 # The line a Python traceback ends with (``KeyError: 'rho'``, ``FileNotFoundError: [Errno 2] ...``).
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
@@ -270,11 +272,15 @@ def _trainer_verdict(p: Pass, train_failed: str | None) -> str | None:
     if train_failed and "trainer exited" in train_failed:
         line = decisive_line(run)
         return f"the trainer died on its own: {line!r} ({train_failed.split(';')[0]})"
-    if not re.search(p.cfg.train.progress_pattern, run):
-        example = next((ln for ln in run.splitlines() if "- rollout " in ln), "")[:120]
-        return (f"train.progress_pattern {p.cfg.train.progress_pattern!r} never matched slime's progress lines "
-                f"(e.g. {example!r}); the daemon would restart a healthy trainer as stalled")
-    return None
+    if re.search(p.cfg.train.progress_pattern, run):
+        return None
+    example = next((ln for ln in run.splitlines() if _SLIME_PROGRESS.search(ln)), "")[:120]
+    if not example and train_failed:
+        # No progress line of any shape: the trainer hung or was cut short, whatever the pattern.
+        return (f"the trainer printed no progress line (its last line: {decisive_line(run)!r}); "
+                f"{train_failed.split(';')[0]}")
+    return (f"train.progress_pattern {p.cfg.train.progress_pattern!r} never matched slime's progress lines "
+            f"(e.g. {example!r}); the daemon would restart a healthy trainer as stalled")
 
 
 def judge_pass(p: Pass) -> Pass:

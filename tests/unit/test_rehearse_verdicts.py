@@ -113,3 +113,21 @@ def test_a_dead_trainer_is_blamed_for_its_own_line_not_progress_pattern(tmp_path
                                                  ("START_SHOPSIM", "TRAIN"), ("TRAIN", "EXPORT_HF")), {},
                            trainer_log="=== shoprld t start trainer: x\nstep one\n"))
     assert "progress_pattern" in fine.verdicts[TRAINER]
+
+
+def test_a_trainer_that_printed_no_progress_line_at_all_is_not_a_pattern_problem(tmp_path: Path) -> None:
+    """Stalled before its first rollout (no slime progress line of any shape): the verdict is the
+    trainer's last line, not progress_pattern; with slime's lines there, the pattern is blamed."""
+    cfg = load_config(make_tree(tmp_path / "t", rounds=1))
+    layout = Layout.from_config(cfg)
+    msg = "TRAIN failed after 1 attempts: trainer stalled: no progress for 120s; see /x.log"
+    j = _journal(("", "PREFLIGHT_DISK"), ("PREFLIGHT_DISK", "START_SHOPSIM"), ("START_SHOPSIM", "TRAIN"),
+                 ("TRAIN", "FAILED"), message=msg)
+    hung = "=== shoprld t start trainer: x\nloading weights from /m\n"
+    v = judge_pass(Pass(cfg, layout, j, {}, trainer_log=hung)).verdicts[TRAINER]
+    assert v == ("the trainer printed no progress line (its last line: 'loading weights from /m'); TRAIN failed "
+                 "after 1 attempts: trainer stalled: no progress for 120s")
+    ray = hung + "(TrainActor pid=7) [2026-12-05 10:00:00] train_metric_utils.py:41 - rollout 1: {'a': 1}\n"
+    cfg2 = cfg.model_copy(update={"train": cfg.train.model_copy(update={"progress_pattern": r"(?m)^rollout (\d+)\b"})})
+    v2 = judge_pass(Pass(cfg2, layout, j, {}, trainer_log=ray)).verdicts[TRAINER]
+    assert v2.startswith("train.progress_pattern '(?m)^rollout (\\\\d+)\\\\b' never matched slime's progress lines"), v2
