@@ -61,7 +61,7 @@ from shoprld.daemon.foundation.logs import configure
 from shoprld.daemon.round.plan import demo_dir, resolve
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
 from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.ops.rehearse_judge import (CONTRACT, SECTION, Pass, judge_pass, merge, read_records,
+from shoprld.daemon.ops.rehearse_judge import (CONTRACT, SECTION, TRAINER, Pass, judge_pass, merge, read_records,
                                               tool_verdicts)
 from shoprld.daemon.services.validate import validate
 
@@ -162,11 +162,13 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
             t.emit_command, "train.emit_command", sc, emit_spec=spec_file, conda=t.conda_prefix, cwd=t.cwd),
         "check_command": () if "train.check_command" in off else _wrap(
             t.check_command, "train.check_command", sc, conda=t.conda_prefix, cwd=t.cwd),
-        "command": ("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}", "--load", "{load}",
+        # Wrapped too: its own output, apart from the sidecar's in the same stage log, is what
+        # names a trainer that died (rehearse_judge's trainer verdict).
+        "command": _wrap(("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}", "--load", "{load}",
                     "--save", "{save_dir}", "--save-interval", "{save_interval}", "--save-hf", "{hf_dir}",
                     "--custom-config-path", "{loop_dir}/slime.yaml", "--num-rollout", "{num_rollout}",
                     "--use-wandb", "--wandb-mode", "offline", "--wandb-project", "{wandb_project}",
-                    "--wandb-group", "{wandb_group}", "--wandb-dir", "{wandb_dir}"),
+                    "--wandb-group", "{wandb_group}", "--wandb-dir", "{wandb_dir}"), TRAINER, sc),
         "env": {**t.env, "DEMO_STEP_SECONDS": "0.01", "DEMO_CKPT_BYTES": "65536"},
         "base_load": models / "base_torch_dist", "ray_start_head": False, "ray_head_command": (),
         "runtime_env": {}, "stall_min": 120.0,

@@ -113,6 +113,10 @@ def decisive_line(text: str) -> str:
     return (exc[-1] if exc else lines[-1] if lines else "")[:240]
 
 
+def _has_exception(text: str) -> bool:
+    return any(_EXCEPTION.match(ln.strip()) for ln in text.splitlines())
+
+
 def latest(path: Path) -> Path | None:
     """``path``, or when the daemon archived it (``<name>.archived-N``, e.g. GATE archives an
     unreadable ``analysis_summary.json`` before it retries) its newest archived copy."""
@@ -264,13 +268,16 @@ def _gate_verdict(p: Pass, r: dict[str, Any], emit: dict[str, Any]) -> str | Non
 def _trainer_verdict(p: Pass, train_failed: str | None) -> str | None:
     """The trainer's own error first (it died: its decisive line), and only when it ran fine
     and printed no progress line does ``train.progress_pattern`` get the blame."""
-    text = p.trainer_log
-    starts = list(_TRAINER_START.finditer(text))
-    if not starts:
-        return None
-    run = text[starts[-1].start():]
+    rec = p.records.get(TRAINER, [None])[-1]
+    if rec is not None:  # its own output (the stage log has the sidecar's lines in between)
+        err, run = str(rec.get("stderr_tail", "")), str(rec.get("stdout", "")) + "\n" + str(rec.get("stderr_tail", ""))
+    else:
+        starts = list(_TRAINER_START.finditer(p.trainer_log))
+        if not starts:
+            return None
+        err = run = p.trainer_log[starts[-1].start():]
     if train_failed and "trainer exited" in train_failed:
-        line = decisive_line(run)
+        line = (decisive_line(err) if _has_exception(err) else "") or decisive_line(run)
         return f"the trainer died on its own: {line!r} ({train_failed.split(';')[0]})"
     if re.search(p.cfg.train.progress_pattern, run):
         return None
@@ -303,12 +310,14 @@ def judge_pass(p: Pass) -> Pass:
                   "gate.command": bool(cfg.gate.command), "train.emit_command": bool(cfg.train.emit_command)}
     found = tool_verdicts(p)
     for name, recs in p.records.items():
+        if name == TRAINER:
+            continue  # a trainer stopped as stalled is judged by its progress, below
         # A tool the daemon stopped (its stage ended: e.g. the sidecar when the trainer died) is
         # not judged by an exit it did not choose; a later pass may still run it whole.
         rc, sigs = recs[-1].get("returncode"), recs[-1].get("signals") or []
         if isinstance(rc, int) and rc < 0 and -rc in sigs:
             found[name] = f"not judged: stopped by the daemon (signal {-rc}) as its stage ended"
-    trainer_ran = bool(_TRAINER_START.search(p.trainer_log))
+    trainer_ran = TRAINER in p.records or bool(_TRAINER_START.search(p.trainer_log))
     found[TRAINER] = _trainer_verdict(p, message if blame == "TRAIN" else None)
     ran = {n for n in TOOLS if n in p.records} | {"preflight", "shopsim", "export", "ledger row"}
     if trainer_ran:
