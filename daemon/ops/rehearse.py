@@ -55,7 +55,7 @@ import anyio
 
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError
+from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError, ShoprldError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
 from shoprld.daemon.round.plan import demo_dir, resolve
@@ -412,13 +412,23 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
             journal_at = len(_journal(slayout.state_dir))
             records_before = {f.name for f in sc.records.glob("*.json")}
             log_at = _size(slayout.stage_log(0, "TRAIN"))
-            engine = Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER)
-            anyio.run(engine.main)
-            signal.signal(signal.SIGTERM, on_term)  # asyncio put back SIG_DFL when the engine's loop closed
+            failure: ShoprldError | None = None
+            try:
+                anyio.run(Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER).main)
+            except ShoprldError as exc:
+                if not passes:
+                    raise  # the campaign's own config: one line, exit 3, as `run`
+                failure = exc  # a later pass: the verdicts so far stand, and say where it ended
+            finally:
+                signal.signal(signal.SIGTERM, on_term)  # asyncio put back SIG_DFL when the engine's loop closed
             new = {f.name for f in sc.records.glob("*.json")} - records_before
             p = judge_pass(Pass(scfg, slayout, _journal(slayout.state_dir)[journal_at:], read_records(sc.records, new),
                                 trainer_log=_read_from(slayout.stage_log(0, "TRAIN"), log_at)))
+            if failure is not None:
+                p.blamed, p.message = "engine", f"engine pass {len(passes) + 1} ended: {failure}"
             passes.append(p)
+            if failure is not None:
+                break
             if timed_out.is_set() or stop_asked.is_set() or p.stopped:
                 break
             nxt = _switch_off(p.blamed, slayout)
