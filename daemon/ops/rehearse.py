@@ -314,7 +314,7 @@ def _switch_off(blamed: str | None, layout: Layout) -> str | None:
 
 
 def _inject_alone(scfg: Config, slayout: Layout, secrets: Secrets, sc: Scratch,
-                  verdicts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+                  verdicts: list[tuple[str, str]], timeout: float) -> list[tuple[str, str]]:
     """build-curriculum needs only files: when the engine never reached INJECT, run it anyway,
     as INJECT would have after a failed gate (on the current SkillBank), with the same argv,
     env, conda env and cwd, so that its mismatches are known too."""
@@ -323,20 +323,29 @@ def _inject_alone(scfg: Config, slayout: Layout, secrets: Secrets, sc: Scratch,
         return verdicts
     values = resolve(scfg, slayout, 0, secrets)
     values.plan.next_runs_dir.mkdir(parents=True, exist_ok=True)
-    slayout.ensure_runs_link()  # what the tools hard-code: it still points into the scratch dir
+    if scfg.storage.manage_runs_link:
+        slayout.ensure_runs_link()  # what the tools hard-code (put back by _RunsLink after)
     before = {f.name for f in sc.records.glob("*.json")}
     log = slayout.stage_log(0, "INJECT")
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = values.wrap(values.argv(scfg.inject.command), scfg.inject)
     with open(log, "ab") as fh:
-        fh.write(f"=== shoprld rehearse: inject.command run on its own (INJECT not reached): {' '.join(argv)}\n"
-                 .encode())
+        shown = secrets.redact(" ".join(argv))
+        fh.write(f"=== shoprld rehearse: inject.command run on its own (INJECT not reached): {shown}\n".encode())
         fh.flush()
         try:
-            subprocess.run(argv, env=values.env(scfg.inject), cwd=scfg.inject.cwd or slayout.project_root,
-                           stdout=fh, stderr=subprocess.STDOUT, timeout=300, start_new_session=True, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            fh.write(f"=== shoprld rehearse: {type(exc).__name__}: {exc}\n".encode())
+            proc = subprocess.Popen(argv, env=values.env(scfg.inject), cwd=scfg.inject.cwd or slayout.project_root,
+                                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as exc:
+            fh.write(f"=== shoprld rehearse: cannot start it: {exc}\n".encode())
+            return verdicts
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the wrapper and the tool
+            proc.wait()
+            fh.write(f"=== shoprld rehearse: stopped after {timeout:.0f}s (the rehearsal's time limit)\n".encode())
     new = {f.name for f in sc.records.glob("*.json")} - before
     records = read_records(sc.records, new)
     if "inject.command" not in records:
@@ -437,7 +446,8 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
             off.add(nxt)
         verdicts = merge(passes)
         if not (timed_out.is_set() or stop_asked.is_set() or passes[-1].stopped):
-            verdicts = _inject_alone(scfg, slayout, secrets, sc, verdicts)
+            verdicts = _inject_alone(scfg, slayout, secrets, sc, verdicts,
+                                     timeout=max(5.0, time_limit - (time.monotonic() - t0)))
     finally:
         if timer is not None:
             timer.cancel()
