@@ -119,10 +119,10 @@ class Scratch:
 
 def _wrap(cmd: tuple[str, ...], stage: str, sc: Scratch, *, emit_spec: Path | None = None,
           conda: Path | None = None, cwd: Path | None = None) -> tuple[str, ...]:
-    """``cmd`` inside :mod:`rehearse_tool`. ``conda`` and ``cwd`` are for the commands that run
-    under a spec whose own conda env and cwd the rehearsal replaces (emit and check run under
-    ``[train]``, whose trainer is the stand-in): the tool still gets the campaign's, through
-    the same activation ``run`` uses (condaenv.py)."""
+    """``cmd`` inside :mod:`rehearse_tool`, in the campaign's conda env for it (``conda``: the
+    same activation ``run`` uses, condaenv.py) inside the wrapper, so that the wrapper itself
+    runs on shoprld's Python whatever the env's hooks set. ``cwd``: for emit and check, which
+    run under ``[train]``, whose cwd the trainer stand-in replaces."""
     if not cmd:
         return cmd
     extra = ("--emit-spec", str(emit_spec), "--loop-dir", "{loop_dir}") if emit_spec else ()
@@ -180,24 +180,29 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
                                        _served_name(v.server_command), "--weight-version", "{weight_version}"),
         "server_env": {}, "url": f"http://127.0.0.1:{sc.val_port}", "ready_timeout": 60.0,
         "concurrency": VAL_CONCURRENCY, "tasks": VAL_TASKS, "reuse_server": False, "timeout": 300.0,
-        "command": _wrap(v.command, "val.command", sc),
+        "command": _wrap(v.command, "val.command", sc, conda=v.conda_prefix), "conda_prefix": None,
     })
     g = cfg.gate
     gate = g.model_copy(update={
         **no_retry, "timeout": 300.0, "policy": "continue", "empty_analysis": "continue",
+        "conda_prefix": None,
         "analyze_command": () if "gate.analyze_command" in off else _wrap(g.analyze_command, "gate.analyze_command",
-                                                                            sc),
+                                                                            sc, conda=g.conda_prefix),
         # Switched off, the gate "exits 1 with no manifest": the seed's loop then keeps the current
         # SkillBank, and so does INJECT here.
         "command": ("{python}", "-c", "raise SystemExit(1)") if "gate.command" in off else _wrap(
-            g.command, "gate.command", sc)})
+            g.command, "gate.command", sc, conda=g.conda_prefix)})
     # The one rehearsed round is the scratch campaign's last: build its curriculum all the same,
     # so that build-curriculum is checked too.
-    inject = cfg.inject.model_copy(update={**no_retry, "command": _wrap(cfg.inject.command, "inject.command", sc),
+    inject = cfg.inject.model_copy(update={**no_retry, "conda_prefix": None,
+                                           "command": _wrap(cfg.inject.command, "inject.command", sc,
+                                                            conda=cfg.inject.conda_prefix),
                                            "after_last_round": "inject.command" not in off})
     sidecar = cfg.sidecar.model_copy(update={**no_retry, "drain_timeout": 60.0,
                                              "enabled": cfg.sidecar.enabled and "sidecar.command" not in off,
-                                             "command": _wrap(cfg.sidecar.command, "sidecar.command", sc)})
+                                             "conda_prefix": None,
+                                             "command": _wrap(cfg.sidecar.command, "sidecar.command", sc,
+                                                              conda=cfg.sidecar.conda_prefix)})
     export = cfg.export.model_copy(update={
         **no_retry, "conda_prefix": None, "hf_dir": None, "origin_hf_dir": models / "hf-origin",
         "command": ("{python}", f"{demo}/convert_torch_dist_to_hf.py", "--input-dir", "{checkpoint_dir}",

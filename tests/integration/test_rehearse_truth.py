@@ -119,9 +119,9 @@ exec {python} "$@"
 
 
 def test_emit_and_check_run_in_the_campaigns_conda_env(tmp_path: Path) -> None:
-    """[train] names a conda env whose python3 the emit and check commands call: the rehearsal
-    runs them through that env's activation (PATH, CONDA_PREFIX, activate.d hooks), as `run`
-    does, never with the host's python3."""
+    """[train] and [inject] name a conda env whose python3 emit, check and build-curriculum call:
+    the rehearsal runs them through that env's activation (PATH, CONDA_PREFIX, activate.d
+    hooks), as `run` does, never with the host's python3."""
     env = tmp_path / "envs" / "shopsimrl"
     (env / "bin").mkdir(parents=True)
     (env / "etc" / "conda" / "activate.d").mkdir(parents=True)
@@ -132,7 +132,10 @@ def test_emit_and_check_run_in_the_campaigns_conda_env(tmp_path: Path) -> None:
     campaign = make_tree(tmp_path / "t", rounds=2, edits={
         r"^\[train\]$": f'[train]\nconda_prefix = "{env}"',
         r'^emit_command = \["\{python\}"': 'emit_command = ["python3"',
-        r'^check_command = \["\{python\}"': 'check_command = ["python3"'})
+        r'^check_command = \["\{python\}"': 'check_command = ["python3"',
+        r"^\[inject\]$": f'[inject]\nconda_prefix = "{env}"',
+        r'^command = \["\{python\}", "\{demo_dir\}/shopsimrl.py", "training", "build-curriculum"':
+            'command = ["python3", "{demo_dir}/shopsimrl.py", "training", "build-curriculum"'})
     code, out = _rehearse(campaign)
     scratch = _scratch(out)
     try:
@@ -140,6 +143,7 @@ def test_emit_and_check_run_in_the_campaigns_conda_env(tmp_path: Path) -> None:
         calls = (env / "calls.log").read_text().splitlines()
         assert any(c.startswith(f"activated=1 prefix={env} emit --project-root") for c in calls), calls
         assert any(c.startswith(f"activated=1 prefix={env} training check ") for c in calls), calls
+        assert any(c.startswith(f"activated=1 prefix={env} training build-curriculum ") for c in calls), calls
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
