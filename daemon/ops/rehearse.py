@@ -164,7 +164,8 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
             t.check_command, "train.check_command", sc, conda=t.conda_prefix, cwd=t.cwd),
         # Wrapped too: its own output, apart from the sidecar's in the same stage log, is what
         # names a trainer that died (rehearse_judge's trainer verdict).
-        "command": _wrap(("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}", "--load", "{load}",
+        "command": _wrap(("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}",
+                          "--load", "{load}",
                     "--save", "{save_dir}", "--save-interval", "{save_interval}", "--save-hf", "{hf_dir}",
                     "--custom-config-path", "{loop_dir}/slime.yaml", "--num-rollout", "{num_rollout}",
                     "--use-wandb", "--wandb-mode", "offline", "--wandb-project", "{wandb_project}",

@@ -84,7 +84,8 @@ def payload_problem(stage: str, rec: dict[str, Any], *, need: tuple[str, ...] = 
     try:
         obj = last_json_object(text, source=stage)
     except ToolOutputError:
-        return f"{stage} printed no JSON object on stdout (the real tool prints its payload as indented JSON at the end)"
+        return (f"{stage} printed no JSON object on stdout (the real tool prints its payload as indented JSON "
+                "at the end)")
     tail = text[text.rstrip().rfind("\n{") + 1:] if "\n{" in text else text
     indented = "\n" in tail.strip()
     for key in need:

@@ -1,6 +1,7 @@
 """``shoprld rehearse``'s wrapper around one ShopSimRL tool command (stdlib only, fast to import).
 
-    python -m shoprld.daemon.ops.rehearse_tool --record DIR --stage KEY [--emit-spec F --loop-dir D] [--cwd D] -- ARGV...
+    python -m shoprld.daemon.ops.rehearse_tool --record DIR --stage KEY [--emit-spec F --loop-dir D]
+        [--cwd D] -- ARGV...
 
 It runs ARGV as the stage command would have run (in ``--cwd`` when given: the campaign's
 own cwd for it), copies its stdout and stderr through to its

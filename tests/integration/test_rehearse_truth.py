@@ -71,8 +71,8 @@ def test_one_rehearsal_names_three_deviating_tools(tmp_path: Path) -> None:
         assert v["train.check_command"].startswith(
             "train.check_command printed an indented JSON object without `status`"), out
         assert "§3.2" in v["train.check_command"], out
-        assert v["gate.analyze_command"].startswith("analysis_summary.json lacks `candidates` "
-                                                    "(runs/round-000-online-analysis/analysis_summary.json.archived-"), out
+        archived = "runs/round-000-online-analysis/analysis_summary.json.archived-"
+        assert v["gate.analyze_command"].startswith(f"analysis_summary.json lacks `candidates` ({archived}"), out
         assert "not written" not in v["gate.analyze_command"], out
         assert v["inject.command"].startswith("inject.command printed its JSON payload on one line"), out
         ok = ("shopsim", "train.emit_command", "sidecar.command", "train.command (slime stand-in)", "export",
@@ -156,7 +156,8 @@ def test_a_failed_rehearsal_leaves_the_shopsim_checkout_and_project_root_as_foun
     """ShopSim started as the user's `bash start.sh` in their checkout, three engine passes (two
     failing tools): the checkout and the project root are as found, stat for stat."""
     campaign = make_tree(tmp_path, rounds=2, edits={
-        r'^command = \["\{python\}", "\{demo_dir\}/shopsim.py"\]': f'command = ["bash", "start.sh"]\ncwd = "{SHOP_ENV}"',
+        r'^command = \["\{python\}", "\{demo_dir\}/shopsim.py"\]':
+            f'command = ["bash", "start.sh"]\ncwd = "{SHOP_ENV}"',
         r'^env = \{ SHOPSIM_ENV_SLOTS = "\{slots\}"': f'env = {{ PATH = "{PATH}", SHOPSIM_ENV_SLOTS = "{{slots}}"'})
     shop_env = make_checkout(tmp_path / SHOP_ENV)
     checkout_before = snapshot(shop_env)
