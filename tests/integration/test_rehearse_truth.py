@@ -194,3 +194,24 @@ def test_past_a_failing_val_build_curriculum_still_runs_and_is_judged(tmp_path: 
         assert _leftovers(scratch) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_gate_whose_manifest_the_daemon_archives_is_named_and_inject_still_runs(tmp_path: Path) -> None:
+    """The gate's manifest lacks `status`: GATE archives the whole gate dir and fails; the next
+    pass runs with the gate switched off ("exit 1, no manifest": the seed keeps the current
+    SkillBank), so INJECT and the ledger row run; the sidecar's own exit 3 is named too."""
+    campaign = make_tree(tmp_path, rounds=2)
+    code, out = _rehearse(campaign, {"DEMO_FAULT_FILE_DROP": "online_gate_manifest.json:status",
+                                     "DEMO_FAULT_EXIT": "watch-analyze:3"})
+    scratch = _scratch(out)
+    try:
+        assert code == 6, out
+        v = _verdicts(out)
+        assert v["gate.command"].startswith("online_gate_manifest.json lacks `status` "
+                                            "(runs/round-000-online-gate.archived-1/online_gate_manifest.json"), out
+        assert v["sidecar.command"].startswith("sidecar.command exited 3, expected 0"), out
+        assert v["inject.command"] == "ok" and v["ledger row"] == "ok", out
+        assert "2 engine passes, switched off after failing: gate.command" in out, out
+        assert _leftovers(scratch) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
