@@ -23,9 +23,13 @@ It drives the real engine (daemon/core/engine.py) over a config derived from the
   the scratch dir during the rehearsal and is put back after. The real campaign's daemon must
   not be running (its lock is held for the rehearsal, so it cannot start meanwhile).
 
-Then every stage gets a verdict, ``ok`` or the exact mismatch against the tools contract
-(``shared/contracts/shopsimrl-tools.md``), and one overall line. Exit 0 when every stage is
-ok, 6 otherwise, 3 for a config the campaign itself could not run with.
+A failing stage does not end the rehearsal: the engine runs again (resuming the round) with
+that stage switched off, so every stage that can run does, and one rehearsal lists every
+mismatch; build-curriculum, which needs only files, runs on its own when INJECT is not
+reached. Then every stage gets a verdict (rehearse_judge.py), ``ok`` or the exact mismatch
+against the tools contract (``shared/contracts/shopsimrl-tools.md``), and one overall line. A
+failed rehearsal keeps its logs and says where. Exit 0 when every stage is ok, 6 otherwise, 3
+for a config the campaign itself could not run with.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -52,12 +55,14 @@ import anyio
 
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError
+from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError, ShoprldError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
-from shoprld.daemon.round.plan import demo_dir
-from shoprld.daemon.foundation.secrets import load_secrets
-from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object
+from shoprld.daemon.round.plan import demo_dir, resolve
+from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.condaenv import activation_argv
+from shoprld.daemon.ops.rehearse_judge import (CONTRACT, SECTION, TRAINER, Pass, judge_pass, merge, read_records,
+                                              tool_verdicts)
 from shoprld.daemon.services.validate import validate
 
 TIME_LIMIT_S = 600.0
@@ -65,7 +70,11 @@ ROLLOUTS = 2
 VAL_TASKS = 4
 EPISODE_CONCURRENCY = 2
 VAL_CONCURRENCY = 2
-CONTRACT = "shared/contracts/shopsimrl-tools.md"
+# Engine runs at most: each after the first resumes with one more failing stage switched off.
+MAX_PASSES = 1 + 6  # the first, then one per stage that can be switched off (SWITCH_OFF, emit)
+# The stages a pass may run without (the later stages then run on what the earlier ones left).
+SWITCH_OFF = frozenset({"train.check_command", "sidecar.command", "gate.analyze_command", "gate.command",
+                        "inject.command"})
 # Before every page of `rehearse --notify`: nobody may take a rehearsal's page for production's.
 REHEARSAL_MARKER = "[rehearsal]"
 
@@ -108,18 +117,30 @@ class Scratch:
         return f"http://127.0.0.1:{self.analyst_port}/v1"
 
 
-def _wrap(cmd: tuple[str, ...], stage: str, sc: Scratch, *, emit_spec: Path | None = None) -> tuple[str, ...]:
+def _wrap(cmd: tuple[str, ...], stage: str, sc: Scratch, *, emit_spec: Path | None = None,
+          conda: Path | None = None, cwd: Path | None = None) -> tuple[str, ...]:
+    """``cmd`` inside :mod:`rehearse_tool`, in the campaign's conda env for it (``conda``: the
+    same activation ``run`` uses, condaenv.py) inside the wrapper, so that the wrapper itself
+    runs on shoprld's Python whatever the env's hooks set. ``cwd``: for emit and check, which
+    run under ``[train]``, whose cwd the trainer stand-in replaces."""
     if not cmd:
         return cmd
     extra = ("--emit-spec", str(emit_spec), "--loop-dir", "{loop_dir}") if emit_spec else ()
+    where = ("--cwd", str(cwd)) if cwd is not None else ()
+    inner = tuple(activation_argv(conda, list(cmd))) if conda is not None else cmd
     return ("{python}", "-m", "shoprld.daemon.ops.rehearse_tool", "--record", str(sc.records), "--stage", stage,
-            *extra, "--", *cmd)
+            *extra, *where, "--", *inner)
 
 
-def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, notify: bool = False) -> Config:
+def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, notify: bool = False,
+           off: frozenset[str] = frozenset()) -> Config:
     """The scratch config: the campaign's own tools and ShopSim, stand-ins for the GPU/API parts.
     Nothing of production's operator kit: no page unless ``notify`` (then marked, see
-    :data:`REHEARSAL_MARKER`), no digest, and the metrics textfile in the scratch dir."""
+    :data:`REHEARSAL_MARKER`), no digest, and the metrics textfile in the scratch dir.
+
+    ``off``: the stages an earlier pass found failing, switched off so that this pass runs the
+    ones after them (see :data:`SWITCH_OFF`). An incomplete gate never stops a rehearsal (the
+    seed's ``continue``): INJECT still runs, keeping the current SkillBank."""
     demo = "{demo_dir}"
     models = sc.root / "models"
     spec = {"scratch": str(sc.root), "episode_concurrency": EPISODE_CONCURRENCY, "val_concurrency": VAL_CONCURRENCY,
@@ -137,13 +158,18 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
     t = cfg.train
     train = t.model_copy(update={
         **no_retry, "launcher": "local", "conda_prefix": None, "cwd": None, "timeout": 300.0,
-        "emit_command": _wrap(t.emit_command, "train.emit_command", sc, emit_spec=spec_file),
-        "check_command": _wrap(t.check_command, "train.check_command", sc),
-        "command": ("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}", "--load", "{load}",
+        "emit_command": () if "train.emit_command" in off else _wrap(
+            t.emit_command, "train.emit_command", sc, emit_spec=spec_file, conda=t.conda_prefix, cwd=t.cwd),
+        "check_command": () if "train.check_command" in off else _wrap(
+            t.check_command, "train.check_command", sc, conda=t.conda_prefix, cwd=t.cwd),
+        # Wrapped too: its own output, apart from the sidecar's in the same stage log, is what
+        # names a trainer that died (rehearse_judge's trainer verdict).
+        "command": _wrap(("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}",
+                          "--load", "{load}",
                     "--save", "{save_dir}", "--save-interval", "{save_interval}", "--save-hf", "{hf_dir}",
                     "--custom-config-path", "{loop_dir}/slime.yaml", "--num-rollout", "{num_rollout}",
                     "--use-wandb", "--wandb-mode", "offline", "--wandb-project", "{wandb_project}",
-                    "--wandb-group", "{wandb_group}", "--wandb-dir", "{wandb_dir}"),
+                    "--wandb-group", "{wandb_group}", "--wandb-dir", "{wandb_dir}"), TRAINER, sc),
         "env": {**t.env, "DEMO_STEP_SECONDS": "0.01", "DEMO_CKPT_BYTES": "65536"},
         "base_load": models / "base_torch_dist", "ray_start_head": False, "ray_head_command": (),
         "runtime_env": {}, "stall_min": 120.0,
@@ -155,18 +181,29 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
                                        _served_name(v.server_command), "--weight-version", "{weight_version}"),
         "server_env": {}, "url": f"http://127.0.0.1:{sc.val_port}", "ready_timeout": 60.0,
         "concurrency": VAL_CONCURRENCY, "tasks": VAL_TASKS, "reuse_server": False, "timeout": 300.0,
-        "command": _wrap(v.command, "val.command", sc),
+        "command": _wrap(v.command, "val.command", sc, conda=v.conda_prefix), "conda_prefix": None,
     })
     g = cfg.gate
-    gate = g.model_copy(update={**no_retry, "timeout": 300.0,
-                                "analyze_command": _wrap(g.analyze_command, "gate.analyze_command", sc),
-                                "command": _wrap(g.command, "gate.command", sc)})
+    gate = g.model_copy(update={
+        **no_retry, "timeout": 300.0, "policy": "continue", "empty_analysis": "continue",
+        "conda_prefix": None,
+        "analyze_command": () if "gate.analyze_command" in off else _wrap(g.analyze_command, "gate.analyze_command",
+                                                                            sc, conda=g.conda_prefix),
+        # Switched off, the gate "exits 1 with no manifest": the seed's loop then keeps the current
+        # SkillBank, and so does INJECT here.
+        "command": ("{python}", "-c", "raise SystemExit(1)") if "gate.command" in off else _wrap(
+            g.command, "gate.command", sc, conda=g.conda_prefix)})
     # The one rehearsed round is the scratch campaign's last: build its curriculum all the same,
     # so that build-curriculum is checked too.
-    inject = cfg.inject.model_copy(update={**no_retry, "command": _wrap(cfg.inject.command, "inject.command", sc),
-                                           "after_last_round": True})
+    inject = cfg.inject.model_copy(update={**no_retry, "conda_prefix": None,
+                                           "command": _wrap(cfg.inject.command, "inject.command", sc,
+                                                            conda=cfg.inject.conda_prefix),
+                                           "after_last_round": "inject.command" not in off})
     sidecar = cfg.sidecar.model_copy(update={**no_retry, "drain_timeout": 60.0,
-                                             "command": _wrap(cfg.sidecar.command, "sidecar.command", sc)})
+                                             "enabled": cfg.sidecar.enabled and "sidecar.command" not in off,
+                                             "conda_prefix": None,
+                                             "command": _wrap(cfg.sidecar.command, "sidecar.command", sc,
+                                                              conda=cfg.sidecar.conda_prefix)})
     export = cfg.export.model_copy(update={
         **no_retry, "conda_prefix": None, "hf_dir": None, "origin_hf_dir": models / "hf-origin",
         "command": ("{python}", f"{demo}/convert_torch_dist_to_hf.py", "--input-dir", "{checkpoint_dir}",
@@ -257,220 +294,6 @@ class _RunsLink:
                 pass
 
 
-# -- the verdicts ---------------------------------------------------------------------------------
-STAGES: tuple[tuple[str, str], ...] = (
-    ("preflight", "PREFLIGHT_DISK"), ("shopsim", "START_SHOPSIM"), ("train.emit_command", "TRAIN"),
-    ("train.check_command", "TRAIN"), ("sidecar.command", "TRAIN"), ("train.command (slime stand-in)", "TRAIN"),
-    ("export", "EXPORT_HF"), ("val.command", "VAL"), ("gate.analyze_command", "GATE"), ("gate.command", "GATE"),
-    ("inject.command", "INJECT"), ("ledger row", "NEXT_ROUND"),
-)
-
-
-def _records(sc: Scratch) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for f in sorted(sc.records.glob("*.json")):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        out.setdefault(doc.get("stage", "?"), []).append(doc)
-    return out
-
-
-def _payload(stage: str, rec: dict[str, Any], *, need: tuple[str, ...] = ("status",),
-             status: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
-    """The tool's final JSON payload per the contract (indented, at the end of stdout)."""
-    text = rec.get("stdout", "")
-    try:
-        obj = last_json_object(text, source=stage)
-    except ToolOutputError:
-        return None, f"{stage} printed no JSON object (the real tool prints its payload as indented JSON at the end)"
-    tail = text[text.rstrip().rfind("\n{") + 1:] if "\n{" in text else text
-    indented = "\n" in tail.strip()
-    for key in need:
-        if key not in obj:
-            shape = "an indented" if indented else "a one-line"
-            return obj, f"{stage} printed {shape} JSON object without `{key}`"
-    if not indented:
-        return obj, f"{stage} printed its JSON payload on one line; the real tool prints it indented ({CONTRACT} §0)"
-    if status is not None and obj.get("status") != status:
-        return obj, f"{stage} reported status {obj.get('status')!r}, not {status!r}"
-    return obj, None
-
-
-def _exit(stage: str, rec: dict[str, Any], want: int = 0) -> str | None:
-    rc = rec.get("returncode")
-    if rc == want:
-        return None
-    err = [ln for ln in str(rec.get("stderr_tail", "")).splitlines() if ln.strip()]
-    last = f" ({err[-1].strip()[:200]})" if err else ""
-    return f"{stage} exited {rc}{last}, expected {want}"
-
-
-def _lacks(path: Path, keys: tuple[str, ...]) -> str | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"{path.name} was not written ({path})"
-    except (OSError, ValueError) as exc:
-        return f"{path.name} is not valid JSON ({type(exc).__name__})"
-    for dotted in keys:
-        cur: Any = data
-        for part in dotted.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                return f"{path.name} lacks `{dotted}`"
-            cur = cur[part]
-    return None
-
-
-def _analyst_errors(cards: Path) -> str | None:
-    """ANALYST_ERROR failure cards (latest per retry trace): the analyst never judged those
-    retries, yet the sidecar and analyze still exit 0 with success-shaped counts (contract: a
-    failed analysis is silent), so the round would get 0 candidates from them unnoticed."""
-    latest: dict[str, dict[str, Any]] = {}
-    try:
-        lines = cards.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for ln in lines:
-        try:
-            card = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(card, dict) and isinstance(card.get("source_trajectory_id"), str):
-            latest[card["source_trajectory_id"]] = card
-    errs = [c for c in latest.values() if c.get("status") == "ANALYST_ERROR"]
-    if not errs:
-        return None
-    err = errs[0].get("error") if isinstance(errs[0].get("error"), dict) else {}
-    return (f"the analyst failed on {len(errs)} of {len(latest)} full-skill retry traces (ANALYST_ERROR "
-            f"{err.get('type', '?')}: {str(err.get('message', ''))[:240]}); their cards count as analyzed but "
-            "give no candidates")
-
-
-def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """One verdict per stage: ``ok``, ``skipped (...)``, ``not reached``, or the mismatch."""
-    recs = _records(sc)
-    runs, rid, nxt = layout.runs, "round-000", "round-001"
-    failed = next((e for e in journal if e.get("event") == "transition" and e.get("dst") == "FAILED"), None)
-    stopped = next((e for e in journal if e.get("event") == "transition" and e.get("dst") == "STOPPED"), None)
-    done = any(e.get("event") == "transition" and e.get("dst") == "DONE" for e in journal)
-    entered = {e.get("dst") for e in journal if e.get("event") == "transition"}
-    verdicts: dict[str, str | None] = {}
-
-    def last(stage: str) -> dict[str, Any] | None:
-        return recs.get(stage, [None])[-1]
-
-    # Contract checks on what each tool printed and wrote.
-    if (r := last("train.emit_command")) is not None:
-        lines = [ln for ln in r["stdout"].splitlines() if ln.strip()]
-        missing = [n for n in ("slime", "analysis", "val", "gate") if not (runs / "loop" / rid / f"{n}.yaml").is_file()]
-        verdicts["train.emit_command"] = _exit("train.emit_command", r) or (
-            f"train.emit_command did not write {', '.join(f'{n}.yaml' for n in missing)} in runs/loop/{rid}"
-            if missing else None) or (
-            f"train.emit_command printed {len(lines)} lines; the real emitter prints one (the loop dir)"
-            if len(lines) != 1 else None) or next(
-            (f"train.emit_command: {n}" for n in r.get("notes", []) if "failed" in n), None)
-    if (r := last("train.check_command")) is not None:
-        verdicts["train.check_command"] = _exit("train.check_command", r) or _payload(
-            "train.check_command", r, status="ready")[1]
-    if (r := last("sidecar.command")) is not None:
-        verdicts["sidecar.command"] = _exit("sidecar.command", r) or _payload(
-            "sidecar.command", r, status="watched")[1]
-    if (r := last("val.command")) is not None:
-        verdicts["val.command"] = _exit("val.command", r) or _lacks(
-            runs / f"{rid}-bare-val" / "summary.json",
-            ("schema_version", "counts.requested", "counts.completed", "counts.failed", "counts.coverage",
-             "primary.reward_mean", "primary.success_rate"))
-    if (r := last("gate.analyze_command")) is not None:
-        adir = runs / f"{rid}-online-analysis"
-        summary = adir / "analysis_summary.json"
-        try:
-            failed_shape = json.loads(summary.read_text()).get("status") == "failed"
-        except (OSError, ValueError, AttributeError):
-            failed_shape = False
-        keys = ("schema_version", "error.type", "error.message") if failed_shape else (
-            "schema_version", "triage_groups", "analyzed_cards", "eligible_cards", "candidates")
-        verdicts["gate.analyze_command"] = _exit("gate.analyze_command", r) or _payload(
-            "gate.analyze_command", r, need=())[1] or _lacks(summary, keys) or _lacks(
-            adir / "candidate_pool.json", ("schema_version", "candidates")) or _analyst_errors(
-            adir / "failure_cards.jsonl")
-    if (r := last("gate.command")) is not None:
-        gdir = runs / f"{rid}-online-gate"
-        manifest = gdir / "online_gate_manifest.json"
-        bad = _lacks(manifest, ("schema_version", "status", "input", "summary"))
-        if bad is not None and not manifest.exists() and r.get("returncode") != 0:
-            # The real gate's pre-rollout errors (contract: exit 1, traceback, no manifest): name
-            # the error itself, and why the rehearsal's split provoked it when it did.
-            emit = last("train.emit_command") or {}
-            small = next((n for n in emit.get("notes", []) if n.startswith("val split too small")), None)
-            err = [ln.strip() for ln in str(r.get("stderr_tail", "")).splitlines() if ln.strip()]
-            bad = (f"gate.command exited {r.get('returncode')}" + (f" ({err[-1][:200]})" if err else "")
-                   + " and wrote no online_gate_manifest.json" + (f"; {small}" if small else ""))
-        if bad is None:
-            status = json.loads(manifest.read_text()).get("status")
-            want = 0 if status == "complete" else 1
-            bad = (f"gate.command exited {r['returncode']} but online_gate_manifest.json says {status!r} (the real "
-                   f"gate exits 0 when complete, 1 when incomplete)" if r["returncode"] != want else None)
-            if bad is None and status == "complete":
-                bad = _lacks(gdir / "selected_skillbank.json", ("skills",))
-            bad = bad or _payload("gate.command", r)[1]
-        verdicts["gate.command"] = bad
-    if (r := last("inject.command")) is not None:
-        verdicts["inject.command"] = _exit("inject.command", r) or _payload("inject.command", r, need=())[1] or _lacks(
-            runs / nxt / "curriculum.json", ("schema_version", "round_id", "state_id", "chunks"))
-    # The trainer stand-in ran under the campaign's own progress pattern.
-    train_log = layout.stage_log(0, "TRAIN")
-    if True:
-        text = train_log.read_text(errors="replace") if train_log.is_file() else ""
-        if re.search(r"^=== shoprld \S+ start trainer", text, re.M):
-            if not re.search(cfg.train.progress_pattern, text):
-                example = next((ln for ln in text.splitlines() if "- rollout " in ln), "")[:120]
-                verdicts["train.command (slime stand-in)"] = (
-                    f"train.progress_pattern {cfg.train.progress_pattern!r} never matched slime's progress lines "
-                    f"(e.g. {example!r}); the daemon would restart a healthy trainer as stalled")
-    # The engine's own outcome: the failing state's message goes to the last of its stages that
-    # ran (the one that was running when it failed); the stages after it were not reached.
-    error = next((e for e in journal if e.get("event") == "stage.error"), None)
-    blame = failed.get("src") if failed else error.get("state") if error else stopped.get("src") if stopped else None
-    message = ((failed or {}).get("message") or (error or {}).get("error")
-               or (stopped and f"stopped: {stopped.get('message')}") or "failed")
-    configured = {"train.check_command": bool(cfg.train.check_command), "sidecar.command": cfg.sidecar.enabled
-                  and bool(cfg.sidecar.command), "inject.command": bool(cfg.inject.command),
-                  "gate.analyze_command": bool(cfg.gate.analyze_command), "gate.command": bool(cfg.gate.command),
-                  "train.emit_command": bool(cfg.train.emit_command)}
-    text = train_log.read_text(errors="replace") if train_log.is_file() else ""
-    ran = {n for n, _ in STAGES if n in recs} | {"preflight", "shopsim", "export", "ledger row"}
-    if re.search(r"^=== shoprld \S+ start trainer", text, re.M):
-        ran.add("train.command (slime stand-in)")
-    states = [s for _, s in STAGES]
-    blamed_stage = None
-    if blame in states:
-        in_state = [n for n, s in STAGES if s == blame and configured.get(n, True)]
-        ran_here = [n for n in in_state if n in ran]
-        blamed_stage = (ran_here or in_state or [None])[-1]
-    out: list[tuple[str, str]] = []
-    after = False
-    for name, state in STAGES:
-        if not configured.get(name, True):
-            out.append((name, "skipped (not configured)"))
-            continue
-        found = verdicts.get(name)
-        if name == blamed_stage:
-            out.append((name, found or message))
-            after = True
-        elif found:
-            out.append((name, found))
-        elif after or (blame is None and not done and state not in entered) or (
-                blame is not None and state not in entered):
-            out.append((name, "not reached"))
-        else:
-            out.append((name, "ok"))
-    if blame is not None and blamed_stage is None:
-        out.append(("engine", message))
-    return out
-
-
 def _journal(state_dir: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
@@ -483,6 +306,67 @@ def _journal(state_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def _switch_off(blamed: str | None, layout: Layout) -> str | None:
+    """The stage the next pass runs without, so that the stages after ``blamed`` run on what
+    exists; None when nothing after it can run (its output is the later stages' input)."""
+    if blamed in SWITCH_OFF:
+        return blamed
+    if blamed == "train.emit_command" and all(
+            (layout.runs / "loop" / "round-000" / f"{n}.yaml").is_file() for n in ("slime", "analysis", "val", "gate")):
+        return blamed  # it wrote the YAMLs (and failed otherwise): the round goes on with them
+    return None
+
+
+def _inject_alone(scfg: Config, slayout: Layout, secrets: Secrets, sc: Scratch,
+                  verdicts: list[tuple[str, str]], timeout: float) -> list[tuple[str, str]]:
+    """build-curriculum needs only files: when the engine never reached INJECT, run it anyway,
+    as INJECT would have after a failed gate (on the current SkillBank), with the same argv,
+    env, conda env and cwd, so that its mismatches are known too."""
+    now = dict(verdicts)
+    if not scfg.inject.command or not now.get("inject.command", "").startswith("not reached"):
+        return verdicts
+    values = resolve(scfg, slayout, 0, secrets)
+    values.plan.next_runs_dir.mkdir(parents=True, exist_ok=True)
+    if scfg.storage.manage_runs_link:
+        slayout.ensure_runs_link()  # what the tools hard-code (put back by _RunsLink after)
+    before = {f.name for f in sc.records.glob("*.json")}
+    log = slayout.stage_log(0, "INJECT")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = values.wrap(values.argv(scfg.inject.command), scfg.inject)
+    with open(log, "ab") as fh:
+        shown = secrets.redact(" ".join(argv))
+        fh.write(f"=== shoprld rehearse: inject.command run on its own (INJECT not reached): {shown}\n".encode())
+        fh.flush()
+        try:
+            proc = subprocess.Popen(argv, env=values.env(scfg.inject), cwd=scfg.inject.cwd or slayout.project_root,
+                                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as exc:
+            fh.write(f"=== shoprld rehearse: cannot start it: {exc}\n".encode())
+            return verdicts
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the wrapper and the tool
+            proc.wait()
+            fh.write(f"=== shoprld rehearse: stopped after {timeout:.0f}s (the rehearsal's time limit)\n".encode())
+    new = {f.name for f in sc.records.glob("*.json")} - before
+    records = read_records(sc.records, new)
+    if "inject.command" not in records:
+        return verdicts
+    found = tool_verdicts(Pass(scfg, slayout, [], records)).get("inject.command")
+    verdict = (found + ("" if CONTRACT in found else f" [{CONTRACT} {SECTION['inject.command']}]") if found else
+               "ok (run on its own, on the current SkillBank: INJECT was not reached)")
+    return [(n, verdict if n == "inject.command" else v) for n, v in verdicts]
+
+
+def _keep_logs(sc: Scratch, slayout: Layout) -> None:
+    """A failed rehearsal's scratch dir stays, for its stage logs, tool records, journal and
+    the tools' output files the verdicts name; only the bulky stand-in weights go."""
+    for bulky in (sc.root / "models", slayout.save_dir):
+        shutil.rmtree(bulky, ignore_errors=True)
 
 
 def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False, debug: bool = False,
@@ -502,12 +386,28 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
     link = _RunsLink(layout.project_root / "runs")
     analyst: subprocess.Popen[bytes] | None = None
     timer: threading.Timer | None = None
-    code = EXIT_STAGE
+    timed_out = threading.Event()
+    passes: list[Pass] = []
+    off: set[str] = set()
     print(f"shoprld rehearse: {cfg.campaign.name} / {cfg.campaign.experiment}: 1 round x {ROLLOUTS} rollouts, "
           f"scratch {sc.root}")
     print(f"  stand-ins: slime, the val server{'' if real_analyst else ', the analyst LLM API'}; "
           f"ShopSim port {sc.shopsim_port}, val port {sc.val_port}")
     sys.stdout.flush()
+
+    def out_of_time() -> None:
+        timed_out.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # Between two passes no engine holds SIGTERM: a stop (the time limit's, or anyone's) must
+    # then end the rehearsal through its cleanup, never kill it with the runs link re-pointed.
+    stop_asked = threading.Event()
+
+    def on_term(_s: int, _f: object) -> None:
+        stop_asked.set()
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+
     try:
         _prepare_models(sc)
         scfg = derive(cfg, layout, sc, real_analyst=real_analyst, notify=notify)
@@ -517,16 +417,47 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
                 [sys.executable, str(demo_dir() / "analyst_llm.py"), "--port", str(sc.analyst_port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         configure(level="DEBUG" if debug else "WARNING", stream=sys.stderr, redactor=secrets.redactor)
-        engine = Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER)
         # Past the limit the engine gets SIGTERM: it stops every child as on any stop request.
-        timer = threading.Timer(time_limit, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        timer = threading.Timer(time_limit, out_of_time)
         timer.daemon = True
         timer.start()
-        anyio.run(engine.main)
-        verdicts = judge(scfg, slayout, sc, _journal(slayout.state_dir))
+        for _ in range(MAX_PASSES):
+            scfg = derive(cfg, layout, sc, real_analyst=real_analyst, notify=notify, off=frozenset(off))
+            slayout = Layout.from_config(scfg)
+            journal_at = len(_journal(slayout.state_dir))
+            records_before = {f.name for f in sc.records.glob("*.json")}
+            log_at = _size(slayout.stage_log(0, "TRAIN"))
+            failure: ShoprldError | None = None
+            try:
+                anyio.run(Engine(scfg, slayout, secrets, notify_marker=REHEARSAL_MARKER).main)
+            except ShoprldError as exc:
+                if not passes:
+                    raise  # the campaign's own config: one line, exit 3, as `run`
+                failure = exc  # a later pass: the verdicts so far stand, and say where it ended
+            finally:
+                signal.signal(signal.SIGTERM, on_term)  # asyncio put back SIG_DFL when the engine's loop closed
+            new = {f.name for f in sc.records.glob("*.json")} - records_before
+            p = judge_pass(Pass(scfg, slayout, _journal(slayout.state_dir)[journal_at:], read_records(sc.records, new),
+                                trainer_log=_read_from(slayout.stage_log(0, "TRAIN"), log_at)))
+            if failure is not None:
+                p.blamed, p.message = "engine", f"engine pass {len(passes) + 1} ended: {failure}"
+            passes.append(p)
+            if failure is not None:
+                break
+            if timed_out.is_set() or stop_asked.is_set() or p.stopped:
+                break
+            nxt = _switch_off(p.blamed, slayout)
+            if nxt is None or nxt in off:
+                break
+            off.add(nxt)
+        verdicts = merge(passes)
+        if not (timed_out.is_set() or stop_asked.is_set() or passes[-1].stopped):
+            verdicts = _inject_alone(scfg, slayout, secrets, sc, verdicts,
+                                     timeout=max(5.0, time_limit - (time.monotonic() - t0)))
     finally:
         if timer is not None:
             timer.cancel()
+        signal.signal(signal.SIGTERM, old_term)
         if analyst is not None:
             analyst.terminate()
             try:
@@ -537,22 +468,48 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
         link.restore()
         lock.release()
     took = time.monotonic() - t0
-    if took >= time_limit:
+    if timed_out.is_set():
         verdicts.append(("time", f"ran past the {time_limit:.0f}s limit and was stopped"))
+    # The engine names the tools' files by <project_root>/runs, the link that is put back by now:
+    # name them where they are (the scratch experiment dir), never by a path that is gone.
+    link_runs = str(layout.project_root / "runs")
+    verdicts = [(n, v.replace(link_runs + "/", f"{slayout.runs}/")) for n, v in verdicts]
     width = max(len(n) for n, _ in verdicts) + 2
     for name, verdict in verdicts:
         print(f"  {name:<{width}}{secrets.redact(verdict)}")
-    bad = [n for n, v in verdicts if v not in ("ok",) and not v.startswith("skipped")]
+    bad = [n for n, v in verdicts if not v.startswith(("ok", "skipped"))]
+    runs_note = f"{len(passes)} engine passes, switched off after failing: {', '.join(sorted(off))}" if off else ""
     if bad:
-        unreached = sum(1 for n, v in verdicts if v == "not reached")
+        unreached = sum(1 for n, v in verdicts if v.startswith("not "))
+        first = next((n for n, v in verdicts if n in bad and not v.startswith("not ")), bad[0])
         print(f"rehearse: NOT READY: {len(bad) - unreached} stage(s) not ok, {unreached} not reached; first "
-              f"{bad[0]} ({took:.1f}s)")
+              f"{first} ({took:.1f}s{'; ' + runs_note if runs_note else ''})")
         code = EXIT_STAGE
     else:
         print(f"rehearse: ok: every stage ran and matches the tools contract ({took:.1f}s)")
         code = EXIT_OK
     if keep:
         print(f"  kept {sc.root} (stage logs in {slayout.logs})")
+    elif code != EXIT_OK:
+        _keep_logs(sc, slayout)
+        print(f"  logs kept: stage logs in {slayout.logs}, tool records in {sc.records}, the tools' files in "
+              f"{slayout.runs}; remove {sc.root} when done")
     else:
         shutil.rmtree(sc.root, ignore_errors=True)
     return code
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

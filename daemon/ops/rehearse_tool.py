@@ -1,8 +1,10 @@
 """``shoprld rehearse``'s wrapper around one ShopSimRL tool command (stdlib only, fast to import).
 
-    python -m shoprld.daemon.ops.rehearse_tool --record DIR --stage KEY [--emit-spec F --loop-dir D] -- ARGV...
+    python -m shoprld.daemon.ops.rehearse_tool --record DIR --stage KEY [--emit-spec F --loop-dir D]
+        [--cwd D] -- ARGV...
 
-It runs ARGV as the stage command would have run, copies its stdout and stderr through to its
+It runs ARGV as the stage command would have run (in ``--cwd`` when given: the campaign's
+own cwd for it), copies its stdout and stderr through to its
 own (the stage log sees exactly what it saw without the wrapper), and writes
 ``DIR/<n>-<KEY>.json``: the exit status, the whole stdout (up to 4 MiB) and the last lines of
 stderr, which rehearse then judges against the contract. A signal to the process group
@@ -49,14 +51,14 @@ def _pump(src: BinaryIO, dst: BinaryIO, keep: list[bytes], cap: int | None) -> N
             del keep[0]
 
 
-def run_wrapped(argv: list[str]) -> tuple[int, bytes, bytes, list[int], float]:
-    """Run ``argv``; returns (returncode, stdout, stderr tail, signals seen, seconds)."""
+def run_wrapped(argv: list[str], cwd: str | None = None) -> tuple[int, bytes, bytes, list[int], float]:
+    """Run ``argv`` (in ``cwd``); returns (returncode, stdout, stderr tail, signals seen, seconds)."""
     seen: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: seen.append(s))
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
     except OSError as exc:
         return 127, b"", f"rehearse: cannot start {argv[0]}: {exc}\n".encode(), seen, 0.0
     out: list[bytes] = []
@@ -221,15 +223,18 @@ def size_down(loop_dir: Path, spec: dict[str, Any], notes: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args:
-        print("rehearse_tool: usage: --record DIR --stage KEY [--emit-spec F --loop-dir D] -- ARGV", file=sys.stderr)
+        print("rehearse_tool: usage: --record DIR --stage KEY [--emit-spec F --loop-dir D] [--cwd D] -- ARGV",
+              file=sys.stderr)
         return 2
     split = args.index("--")
     opts, cmd = args[:split], args[split + 1:]
     o = dict(zip(opts[::2], opts[1::2], strict=False))
     record, stage = Path(o["--record"]), o["--stage"]
-    rc, out, err, seen, took = run_wrapped(cmd)
+    rc, out, err, seen, took = run_wrapped(cmd, o.get("--cwd"))
     notes: list[str] = []
-    if rc == 0 and "--emit-spec" in o:
+    # Whenever the YAMLs are there, even after a failing exit: the round may go on with them
+    # (the daemon judges emit by slime.yaml), and must then use the scratch ports and sizes.
+    if "--emit-spec" in o and (Path(o["--loop-dir"]) / "slime.yaml").is_file():
         try:
             size_down(Path(o["--loop-dir"]), json.loads(Path(o["--emit-spec"]).read_text()), notes)
         except (OSError, ValueError, KeyError) as exc:
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     n = time.time_ns()  # unique and ordered: the sidecar's record can be written during analyze's
     doc = {"stage": stage, "returncode": rc, "signals": seen, "seconds": round(took, 3),
            "stdout": out.decode("utf-8", "replace"), "stderr_tail": err.decode("utf-8", "replace")[-4000:],
-           "notes": notes, "cwd": os.getcwd()}
+           "notes": notes, "cwd": o.get("--cwd") or os.getcwd()}
     tmp = record / f".{n}-{os.getpid()}-{stage}.tmp"
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, record / f"{n}-{os.getpid()}-{stage}.json")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.ops.rehearse import Scratch, judge
+from shoprld.daemon.ops.rehearse import Scratch
+from shoprld.daemon.ops.rehearse_judge import Pass, judge_pass, merge, read_records
 from tests.demotree import make_tree
 
 TRACEBACK = ("Traceback (most recent call last):\n  File \"shopsimrl/trace2skill_evaluation.py\", line 365\n"
@@ -17,6 +19,10 @@ TRACEBACK = ("Traceback (most recent call last):\n  File \"shopsimrl/trace2skill
 SMALL = ("val split too small for the gate: 4 val tasks in /x/persona_splits.v1.json, the gate's regression has up "
          "to 16 factors (SkillBank chunks + max_candidates); the real gate refuses before any rollout: `OLS requires "
          "more observations than chunk factors`")
+
+
+def judge(cfg: Config, layout: Layout, sc: Scratch, journal: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return merge([judge_pass(Pass(cfg, layout, journal, read_records(sc.records)))])
 
 
 def _record(sc: Scratch, n: int, stage: str, rc: int, stderr: str = "", notes: list[str] | None = None) -> None:
@@ -35,7 +41,8 @@ def test_gate_refusal_names_the_tools_error_and_the_split(tmp_path: Path) -> Non
     verdicts = dict(judge(cfg, layout, sc, []))
     assert verdicts["gate.command"] == (
         "gate.command exited 1 (shopsimrl.paired_validation.GateEvaluationError: OLS requires more observations "
-        "than chunk factors) and wrote no online_gate_manifest.json; " + SMALL)
+        "than chunk factors) and wrote no online_gate_manifest.json; " + SMALL
+        + " [shared/contracts/shopsimrl-tools.md §7]")
 
 
 def test_gate_that_exits_0_without_a_manifest_is_still_a_missing_file(tmp_path: Path) -> None:
@@ -69,6 +76,6 @@ def test_analyst_errors_behind_a_success_shaped_analyze_are_named(tmp_path: Path
          "notes": []}))
     assert dict(judge(cfg, layout, sc, []))["gate.analyze_command"] == (
         f"the analyst failed on 1 of 2 full-skill retry traces (ANALYST_ERROR ValueError: {msg}); their cards "
-        "count as analyzed but give no candidates")
+        "count as analyzed but give no candidates [shared/contracts/shopsimrl-tools.md §5]")
     (adir / "failure_cards.jsonl").write_text(json.dumps({"source_trajectory_id": "g3-retry", "status": "NO_PROPOSAL"}))
     assert "ANALYST_ERROR" not in dict(judge(cfg, layout, sc, []))["gate.analyze_command"]

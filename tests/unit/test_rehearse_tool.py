@@ -170,3 +170,24 @@ def test_a_split_smaller_than_the_gates_regression_is_named(tmp_path: Path) -> N
     assert json.loads((tmp_path / "split_file.json").read_text())["splits"]["val"] == {"task_ids": [3, 4, 5, 6]}
     assert any(n.startswith("val split too small for the gate: 4 val tasks") and "up to 16 factors" in n
                for n in notes), notes
+
+
+def test_an_emit_that_exits_1_after_writing_still_gets_its_yamls_sized(tmp_path: Path) -> None:
+    """The daemon goes on with the YAMLs an emitter wrote (it judges emit by slime.yaml, not its
+    exit), so the rehearsal must re-point them even when the emitter exits 1: a real process
+    writes them, the wrapper records exit 1 and the scratch port."""
+    import sys
+
+    from shoprld.daemon.ops.rehearse_tool import main
+
+    loop = tmp_path / "loop"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(tmp_path)))
+    write = ("import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(); "
+             "(d / 'slime.yaml').write_text('shopsim_environment_base_url: http://127.0.0.1:5700\\n'); sys.exit(1)")
+    rc = main(["--record", str(tmp_path / "rec"), "--stage", "train.emit_command", "--emit-spec", str(spec),
+               "--loop-dir", str(loop), "--", sys.executable, "-c", write, str(loop)])
+    assert rc == 1
+    assert (loop / "slime.yaml").read_text() == "shopsim_environment_base_url: http://127.0.0.1:41000\n"
+    (rec,) = (tmp_path / "rec").glob("*.json")
+    assert json.loads(rec.read_text())["returncode"] == 1
