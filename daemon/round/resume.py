@@ -45,6 +45,7 @@ __all__ = [
     "exported_ends",
     "outage_rollback",
     "resume",
+    "restore_tracker",
     "retention",
     "trained",
 ]
@@ -233,6 +234,14 @@ def resume(d: SaveDir, rollouts_seen: Iterable[int] = ()) -> Resume:
     seen = list(rollouts_seen)
     rerun = 0 if point is None else max(0, max(seen, default=point.iteration) - point.iteration)
     return Resume(repair, point, rerun, prune)
+
+
+def restore_tracker(d: SaveDir, loaded: int) -> TrackerRepair | None:
+    """After a launch with a wrong resume was stopped: the tracker names what it loaded again (a
+    save it made before the stop moved the tracker onto its wrongly numbered iteration, and the
+    next launch must not resume from that)."""
+    have = d.scan.tracker.iteration
+    return None if have == loaded else TrackerRepair(have, loaded)
 
 
 def trained(d: SaveDir, end_iteration: int) -> bool:

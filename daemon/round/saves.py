@@ -51,7 +51,6 @@ Pure where it can be: :func:`young_daly_steps`, :func:`learned_mtbf`, :func:`rea
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -62,7 +61,6 @@ from pathlib import Path
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
@@ -265,7 +263,7 @@ def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned:
 def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
     """Room for mid-round saves on the volume now (None when it cannot be read), from the
     campaign's budget (``preflight.budget_for``). Each save supersedes the one before it (and,
-    once vouched for, the oldest kept final: ``retention.keep_while_training``), so mid-round
+    once vouched for, the oldest kept final: ``round/resume.py``, ``Moment.TRAINING``), so mid-round
     saves need what the round's own peak needs: that it lands above the soft floor."""
     try:
         b = budget_for(cfg, layout)
@@ -357,41 +355,6 @@ def describe(choice: SaveChoice) -> str:
     if choice.mid_round:
         return f"adaptive: a save every {choice.interval} steps ({inputs})"
     return f"adaptive: one save per round (--save-interval {choice.interval}), as the seed: {choice.reason} ({inputs})"
-
-
-def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:
-    """After a save lands in TRAIN: delete the round's older saves (retention keeps the newest
-    save of the round plus the finals earlier rounds left; ``retention.keep_while_training``),
-    so mid-round saves cost one checkpoint's room, the one the disk forecast counts.
-
-    Synchronous, as the engine's other deletions: a few large files, and no await between a
-    stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's witness
-    (``ShopsimService.vouch``) looks once a second, so a ShopSim death in the second between a
-    save and that look rolls back past the pruned save, to the round's previous final: more
-    retraining in that rare case, never a wrong checkpoint. The previous final itself goes only
-    once the newest save is :func:`vouched` for, so a rollback always has a checkpoint to reach."""
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-    scan = ckpt.scan(layout.save_dir)
-    keep = retention.keep_while_training(scan, m, round_index, keep_finals=cfg.disk.keep_finals,
-                                         vouched=lambda i: vouched(layout, i))
-    doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=True)
-    return [c.iteration for c in doomed], freed
-
-
-def vouched(layout: Layout, iteration: int) -> bool:
-    """Whether no ShopSim outage can roll back past ``iteration``: our live ShopSim vouched for
-    it (``shopsim.witness``, written by services/shopsim.py), or there is no witness at all
-    (ShopSim is not our child: nothing is ever rolled back then)."""
-    try:
-        doc = json.loads(layout.shopsim_witness.read_text())
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    if not isinstance(doc, dict) or doc.get("outage"):
-        return False
-    seen = doc.get("iteration")
-    return isinstance(seen, int) and not isinstance(seen, bool) and seen >= iteration
 
 
 def _short(source: str) -> str:
