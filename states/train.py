@@ -99,7 +99,7 @@ async def run(ctx: RoundContext) -> Outcome:
         return await _finish(ctx, sidecar, "the trainer ended before the relaunch")
     if trainer is None:
         trainer, resumed = await _launch(ctx)
-    before = ctx.plan.save_dir_facts().resume_point
+    before = resumed.load if resumed is not None else ctx.plan.resume_point()
     return await _judge(ctx, await _run_trainer(ctx, trainer, resumed), trainer, sidecar, before)
 
 
@@ -189,7 +189,8 @@ async def _judge(ctx: RoundContext, followed: Followed, trainer: Child, sidecar:
     """The attempt's outcome, judged from the disk once the trainer has stopped."""
     if followed.wrong_resume:
         return Outcome.fail(followed.wrong_resume)
-    after = ctx.plan.save_dir_facts().resume_point
+    facts = ctx.plan.save_dir_facts()  # one look: a settle that changes the disk returns below
+    after = facts.resume_point
     progressed = after is not None and (before is None or after.iteration > before.iteration)
     if followed.stalled:
         return Outcome.retry(followed.stalled, progressed=progressed, stall=True)
@@ -199,7 +200,6 @@ async def _judge(ctx: RoundContext, followed: Followed, trainer: Child, sidecar:
     if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
-    facts = ctx.plan.save_dir_facts()
     if resume.trained(facts, ctx.end_iteration):
         _prune_partials(ctx, facts)
         return await _finish(ctx, sidecar)

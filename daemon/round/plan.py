@@ -94,8 +94,7 @@ class RoundFacts:
         """Scan the save dir (not in planned mode: it does not look) and read the GATE record."""
         # The resume rule's answer (round/resume.py): the witness and the export records do not
         # bear on it, so they are not read here.
-        committed = not plan.planned and \
-            resume.SaveDir(ckpt.scan(plan.layout.save_dir), plan.mapping, plan.round).resume_point is not None
+        committed = not plan.planned and plan.resume_point() is not None
         return cls(committed=committed, gate=read_json(plan.record_path("gate")) or {},
                    save_interval=saves.placeholder_value(plan.cfg, plan.layout, plan.round, planned=plan.planned))
 
@@ -233,6 +232,10 @@ class RoundPlan:
         return self.layout.shopsim_witness
 
     # -- the save dir and its records, read once for round/resume.py ------------------------------
+    def resume_point(self) -> ckpt.Checkpoint | None:
+        """Where a launch resumes now (round/resume.py's rule on one scan), without the records."""
+        return resume.SaveDir(ckpt.scan(self.layout.save_dir), self.mapping, self.round).resume_point
+
     def save_dir_facts(self, scan: ckpt.Scan | None = None) -> resume.SaveDir:
         """One scan of the save dir (``scan`` when the caller has one) and the records every
         checkpoint decision reads: the witness, and which rounds' end saves an export read."""

@@ -68,6 +68,7 @@ from shoprld.daemon.foundation.paths import round_id
 from shoprld.daemon.foundation.preflight import budget_for
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
+from shoprld.daemon.round import resume
 
 # The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke
 # megatron-core trainer's own line. The seconds are the first group.
@@ -279,9 +280,9 @@ def _steps_left(cfg: Config, layout: Layout, round_index: int, *, planned: bool)
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     end = m.end_iteration(round_index)
     floor = m.end_iteration(round_index - 1) if round_index > 0 else 0
-    latest = None if planned else ckpt.scan(layout.save_dir).latest_complete
-    resume = max(floor, latest.iteration) if latest is not None else floor
-    return max(1, end - resume), end, m.num_rollout(round_index)
+    latest = None if planned else resume.SaveDir(ckpt.scan(layout.save_dir), m, round_index).resume_point
+    start = max(floor, latest.iteration) if latest is not None else floor
+    return max(1, end - start), end, m.num_rollout(round_index)
 
 
 def plan(cfg: Config, layout: Layout, round_index: int, *, now: float, planned: bool = False,
