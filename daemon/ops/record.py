@@ -115,9 +115,8 @@ def _round_rows(camp: Campaign) -> list[dict[str, Any]]:
 
 def _checkpoint_doc(camp: Campaign) -> dict[str, Any]:
     cfg, layout = camp.cfg, camp.layout
-    scan = ckpt.scan(layout.save_dir)
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-    final = scan.latest_complete
+    facts = RoundPlan(cfg, layout, 0).save_dir_facts()  # one scan; the resume rule names the final
+    scan, m, final = facts.scan, facts.mapping, facts.resume_point
     return {
         "save_dir": str(layout.save_dir),
         "tracker": {"kind": scan.tracker.kind, "iteration": scan.tracker.iteration},

@@ -48,14 +48,14 @@ from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.paths import record_file, round_id
 from shoprld.daemon.foundation.placeholders import expand, expand_vars
 from shoprld.daemon.foundation.secrets import Secrets
 from shoprld.daemon.foundation.store import read_json  # noqa: F401  (re-exported: the stages read records with it)
 
 
 RECORD_KINDS = ("round", "sidecar", "export", "val", "gate", "inject", "saves")
-"""The per-round records under ``<artifacts>/<kind>/<round_id>.json``: only :class:`RoundPlan` builds their paths."""
+"""The per-round records, ``<artifacts>/<kind>/<round_id>.json``: :class:`RoundPlan` names each one."""
 
 
 def read_witness(path: Path) -> resume.Witness | None:
@@ -204,7 +204,7 @@ class RoundPlan:
         (``kind``: one of :data:`RECORD_KINDS`; the properties below name each)."""
         if kind not in RECORD_KINDS:
             raise ValueError(f"unknown record kind {kind!r}; one of {', '.join(RECORD_KINDS)}")
-        return self.layout.artifacts / kind / f"{rid or self.round_id}.json"
+        return record_file(self.layout.artifacts, kind, rid or self.round_id)
 
     @property
     def round_record(self) -> Path:

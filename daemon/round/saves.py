@@ -64,7 +64,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.paths import record_file, round_id
 from shoprld.daemon.foundation.preflight import budget_for
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
@@ -245,7 +245,7 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
 # -- reading the world, once per launch ------------------------------------------------------------
 def record_path(layout: Layout, round_index: int) -> Path:
     """The round's last choice."""
-    return layout.artifacts / "saves" / f"{round_id(round_index)}.json"
+    return record_file(layout.artifacts, "saves", round_id(round_index))
 
 
 def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned: bool = False) -> str:
