@@ -70,6 +70,8 @@ def _drained(ctx: RoundContext) -> bool:
 
 
 async def run(ctx: RoundContext) -> Outcome:
+    """One attempt: adopt or prepare a trainer, launch it from the resume point round/resume.py
+    names, follow it, and judge the attempt from the disk."""
     _refuse_trackers_that_are_not_files(ctx)
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:

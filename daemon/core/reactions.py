@@ -5,8 +5,9 @@ the repo hygiene scan's findings.
 Each records what happened in the engine's view (daemon/core/snapshot.py: the journal line,
 status) and hands what it means to the machine through the engine's ``apply`` (which asks
 ``machine.decide`` and carries the decision out). On disk: a committed checkpoint lets
-``round/resume.py`` decide which of the round's saves it supersedes (``retention.py`` deletes them); a soft or hard disk level reclaims what this
-campaign may (``diskwatch.reclaim``). The hygiene scan only reads; it never deletes.
+``round/resume.py`` decide which of the round's saves it supersedes (``retention.py`` deletes
+them); a soft or hard disk level reclaims what this campaign may (``diskwatch.reclaim``). The
+hygiene scan only reads; it never deletes.
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ ROLLBACK_TABLE = [
 
 @pytest.mark.parametrize("name,scan,witness,exported,expected", ROLLBACK_TABLE, ids=[r[0] for r in ROLLBACK_TABLE])
 def test_outage_rollback_table(name: str, scan: Scan, witness: Witness | None, exported: tuple[int, ...],
-                               expected: tuple[tuple[int, ...], int | None, int | None, tuple[int, ...]] | None) -> None:
+                               expected: tuple[tuple[int, ...], int | None, int | None, tuple[int, ...]] | None,
+                               ) -> None:
     """Each (disk, witness, export) shape settles one way."""
     r = outage_rollback(facts(scan, witness=witness, exported=exported))
     if expected is None:
