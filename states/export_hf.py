@@ -17,7 +17,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import hfexport
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.round.machine import State
@@ -30,10 +29,10 @@ ADOPTS: tuple[ChildRole, ...] = ()
 
 
 def _commit_time(ctx: RoundContext) -> float | None:
-    if not ckpt.is_complete(ctx.layout.save_dir, ctx.end_iteration):
-        return None
-    c = ckpt.scan(ctx.layout.save_dir).get(ctx.end_iteration)
-    if c is None:
+    """When the round's final save was committed; None when it is not (round/resume.py's rule)."""
+    facts = ctx.plan.save_dir_facts()
+    c = facts.scan.get(ctx.end_iteration)
+    if c is None or c not in facts.committed:
         return None
     common = Path(c.path) / "common.pt"
     return common.stat().st_mtime if common.exists() else c.committed_at

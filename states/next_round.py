@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.bundles import causes_of_round
 from shoprld.daemon.foundation import roundlog
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row, rebuild_from_record
+from shoprld.daemon.round import resume
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
 
@@ -138,11 +138,10 @@ def _description(rid: str, gate: dict, inject: dict, primary: dict, summary: dic
 
 def _retention(ctx: RoundContext) -> None:
     """Keep the finals of the last ``disk.keep_finals`` rounds (this one's included; upstream
-    keeps one), delete the older complete checkpoints of this campaign."""
-    scan = ckpt.scan(ctx.layout.save_dir)
-    keep = retention.keep_set(scan, ctx.mapping, round=ctx.round, finished=True, keep_finals=ctx.cfg.disk.keep_finals)
-    doomed, freed = retention.retain(scan, keep, save_dir=ctx.layout.save_dir, trainer_running=False)
-    if doomed:
-        ctx.emit("retention.applied", deleted=[c.iteration for c in doomed], bytes=freed)
+    keeps one), delete the older complete checkpoints of this campaign (round/resume.py decides)."""
+    decided = resume.retention(ctx.plan.save_dir_facts(), resume.Moment.ROUND_END, keep_finals=ctx.cfg.disk.keep_finals)
+    if decided.doomed:
+        freed = retention.delete_checkpoints(decided.doomed, save_dir=ctx.layout.save_dir)
+        ctx.emit("retention.applied", deleted=[c.iteration for c in decided.doomed], bytes=freed)
 
 

@@ -32,7 +32,7 @@ from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
-from shoprld.daemon.round import saves
+from shoprld.daemon.round import resume, saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
@@ -57,10 +57,7 @@ def completed(ctx: RoundContext) -> bool:
 
 
 def _trained(ctx: RoundContext) -> bool:
-    scan = ckpt.scan(ctx.layout.save_dir)
-    latest = scan.latest_complete
-    end = scan.get(ctx.end_iteration)
-    return latest is not None and latest.iteration >= ctx.end_iteration and end is not None and end.complete
+    return resume.trained(ctx.plan.save_dir_facts(), ctx.end_iteration)
 
 
 def _drained(ctx: RoundContext) -> bool:
@@ -69,23 +66,18 @@ def _drained(ctx: RoundContext) -> bool:
     if not spec.enabled or not spec.command:
         return True
     # A round exported already was drained by a shoprld from before the record existed.
-    return ctx.record_path("sidecar").exists() or ctx.record_path("export").exists()
+    return ctx.plan.sidecar_record.exists() or ctx.plan.export_record.exists()
 
 
 async def run(ctx: RoundContext) -> Outcome:
-    cfg = ctx.cfg
-    # A tracker that is a directory or a FIFO fails every attempt the same way: one line, exit 3.
-    for where in (ctx.layout.save_dir, cfg.train.base_load if ctx.round == 0 else None):
-        bad = ckpt.tracker_not_a_file(where) if where is not None else None
-        if bad:
-            raise PreflightError(bad)
+    """One attempt: adopt or prepare a trainer, launch it from the resume point round/resume.py
+    names, follow it, and judge the attempt from the disk."""
+    _refuse_trackers_that_are_not_files(ctx)
     problem = await ctx.ensure_inputs(STATE)  # the curriculum a last round skipped, if extended since
     if problem:
         return Outcome.retry(problem)
     if _trained(ctx):  # the job is done; a daemon died during the sidecar's drain: drain again
-        await _stop_sidecar(ctx, await _start_sidecar(ctx))
-        await ctx.launcher.idle()
-        return Outcome.done(f"{ctx.plan.checkpoint_name} complete; the sidecar drained", progressed=True)
+        return await _finish(ctx, await _start_sidecar(ctx), "the sidecar drained")
     # A trainer a crashed daemon left running is adopted first: it already read this round's
     # YAMLs, which must not be emitted again under it, and its check has passed long ago (and the
     # time those take is time in which the adopted job may finish).
@@ -97,14 +89,43 @@ async def run(ctx: RoundContext) -> Outcome:
             trainer = await ctx.reattach(ChildRole.TRAINER, state=STATE)
         except RayJobsError as exc:
             return Outcome.retry(f"{exc}; a live job may be running there, so none is launched")
-    if trainer is None and cfg.train.emit_command:
+    if trainer is None:
+        refused = await _prepare_launch(ctx)
+        if refused is not None:
+            return refused
+    sidecar = await _start_sidecar(ctx)
+    resumed: resume.Resume | None = None
+    if trainer is None and _trained(ctx):
+        # The round's trainer finished while this attempt prepared (a job that ended during a
+        # daemon's restart, seen on a real Ray head): never launch a second one over its end.
+        return await _finish(ctx, sidecar, "the trainer ended before the relaunch")
+    if trainer is None:
+        trainer, resumed = await _launch(ctx)
+    before = resumed.load if resumed is not None else ctx.plan.resume_point()
+    return await _judge(ctx, await _run_trainer(ctx, trainer, resumed), trainer, sidecar, before)
+
+
+def _refuse_trackers_that_are_not_files(ctx: RoundContext) -> None:
+    """A tracker that is a directory or a FIFO fails every attempt the same way: one line, exit 3."""
+    for where in (ctx.layout.save_dir, ctx.cfg.train.base_load if ctx.round == 0 else None):
+        bad = ckpt.tracker_not_a_file(where) if where is not None else None
+        if bad:
+            raise PreflightError(bad)
+
+
+async def _prepare_launch(ctx: RoundContext) -> Outcome | None:
+    """Before a trainer launches: the round's configs emitted and checked, what ShopSim did not
+    witness alive retrained, stale clients and leaked leases gone, ShopSim ready, GPUs free.
+    None when it may launch; else the attempt's outcome."""
+    cfg = ctx.cfg
+    if cfg.train.emit_command:
         await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
-    if trainer is None and cfg.train.check_command:
+    if cfg.train.check_command:
         rc = await ctx.run_tool(ChildRole.CHECK, cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
         problem = check_verdict(_output_of_last(ctx.log_path(STATE), ChildRole.CHECK), rc)
         if problem is not None:
@@ -112,82 +133,78 @@ async def run(ctx: RoundContext) -> Outcome:
             ctx.emit("train.check_failed", reason=message)
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
-    if trainer is None:
-        await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
-        _repair_tracker(ctx)
-        await _stop_stale_clients(ctx)
-        problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the trainer starts")
-        if problem:
-            return Outcome.retry(problem)
-    if trainer is None:
-        # Never (re)launch against a dead or restarting ShopSim (e.g. the supervisor is still
-        # restarting the one that died in this TRAIN): its rollouts would go unscored.
-        problem = await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the trainer starts")
-        if problem:
-            return Outcome.retry(problem)
-        # Settle again now that ShopSim is back: the supervisor (one look a second) may have
-        # found it dead only after the settle above (the trainer exits on refused connections
-        # at once, and TRAIN's retry is quicker than that look). Left marked, the outage would
-        # freeze the witness, and every checkpoint this trainer saves against the live, restarted
-        # ShopSim would be rolled back and retrained at the end of TRAIN (a whole round).
-        if await ctx.shopsim.settle_outage(ctx.plan, ctx):
-            _repair_tracker(ctx)
-        problem = await gpus.ensure_free(ctx.plan, ctx, "trainer")  # no straggler of an earlier stage on the GPUs
-        if problem:
-            return Outcome.retry(problem)
-    sidecar = await _start_sidecar(ctx)
-    resume: ResumePoint | None = None
-    if trainer is None and _trained(ctx):
-        # The round's trainer finished while this attempt prepared (a job that ended during a
-        # daemon's restart, seen on a real Ray head): never launch a second one over its end.
-        await _stop_sidecar(ctx, sidecar)
-        await ctx.launcher.idle()
-        return Outcome.done(f"{ctx.plan.checkpoint_name} complete (the trainer ended before the relaunch)",
-                            progressed=True)
-    if trainer is None:
-        resume = resume_point(ctx)  # read before the launch: the trainer may save soon after
-        # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
-        saves.choose_for_launch(cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
-                                emit=ctx.emit)
-        trainer = await ctx.start(ChildRole.TRAINER, cfg.train.command, cfg.train, state=STATE)
-        if trainer.reattached:
-            resume = None  # Ray had it running already: it loaded its checkpoint long before this look
-    before = ckpt.scan(ctx.layout.save_dir).latest_complete
+    await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
+    await _stop_stale_clients(ctx)
+    problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the trainer starts")
+    # Never (re)launch against a dead or restarting ShopSim (e.g. the supervisor is still
+    # restarting the one that died in this TRAIN): its rollouts would go unscored.
+    problem = problem or await ctx.shopsim.wait_ready(ctx.plan, ctx, before="before the trainer starts")
+    if problem:
+        return Outcome.retry(problem)
+    # Settle again now that ShopSim is back: the supervisor (one look a second) may have found it
+    # dead only after the settle above (the trainer exits on refused connections at once, and
+    # TRAIN's retry is quicker than that look). Left marked, the outage would freeze the witness,
+    # and every checkpoint this trainer saves against the live, restarted ShopSim would be rolled
+    # back and retrained at the end of TRAIN (a whole round).
+    await ctx.shopsim.settle_outage(ctx.plan, ctx)
+    problem = await gpus.ensure_free(ctx.plan, ctx, "trainer")  # no straggler of an earlier stage on the GPUs
+    return Outcome.retry(problem) if problem else None
+
+
+async def _launch(ctx: RoundContext) -> tuple[Child, resume.Resume | None]:
+    """Repair the tracker (round/resume.py decides), choose the save interval, launch. The
+    resume is read before the launch (the trainer may save soon after); None when Ray had the
+    job running already (it loaded its checkpoint long before this look)."""
+    resumed = _repair_tracker(ctx)
+    # The save interval for this launch (issue 17): journaled and recorded for {save_interval}.
+    saves.choose_for_launch(ctx.cfg, ctx.layout, ctx.round, log=ctx.log_path(STATE), now=ctx.clock.time(),
+                            emit=ctx.emit)
+    trainer = await ctx.start(ChildRole.TRAINER, ctx.cfg.train.command, ctx.cfg.train, state=STATE)
+    return trainer, (None if trainer.reattached or resumed.load is None else resumed)
+
+
+async def _run_trainer(ctx: RoundContext, trainer: Child, resumed: resume.Resume | None) -> Followed:
+    """Follow the trainer until it exits, stalls or shows a wrong resume; then it is stopped."""
     try:
-        followed = await _follow(ctx, trainer, resume)
-        stalled = followed.stalled
-        if stalled and trainer.alive() and not trainer.record.job_id:
+        followed = await _follow(ctx, trainer, resumed)
+        if followed.stalled and trainer.alive() and not trainer.record.job_id:
             # Where it hangs, for the crash bundle: only while it still hangs (issue 18).
             dest = bundles.free_attempt_dir(ctx.layout.logs, ctx.round_id, STATE.value, ctx.attempt)
             await bundles.dump_stacks(dest, trainer.record.pgid, ctx.secrets.redactor)
             ctx.emit("train.stacks_dumped", path=str(dest / bundles.PY_SPY_FILE))
     finally:
         if trainer.alive():
-            await trainer.stop(cfg.train.grace)
+            await trainer.stop(ctx.cfg.train.grace)
         ctx.unregister_child(trainer)
-    if followed.wrong_resume:
-        assert resume is not None  # only a checked launch has a wrong resume
+    if followed.wrong_resume and resumed is not None and resumed.load is not None:
         # A save it made before the stop (a short save interval) moved the tracker onto its
         # wrongly numbered iteration: the next run must resume from what this launch loaded.
-        tracker = ckpt.scan(ctx.layout.save_dir).tracker
-        if tracker.iteration != resume.iteration:
-            _point_tracker(ctx, was=tracker.iteration, now=resume.iteration)
+        undo = resume.restore_tracker(ctx.plan.save_dir_facts(), resumed.load.iteration)
+        if undo is not None:
+            retention.point_tracker(ctx.layout.save_dir, undo.now)
+            ctx.emit("checkpoint.tracker_repaired", was=undo.was, now=undo.now)
+    return followed
+
+
+async def _judge(ctx: RoundContext, followed: Followed, trainer: Child, sidecar: Child | None,
+                 before: ckpt.Checkpoint | None) -> Outcome:
+    """The attempt's outcome, judged from the disk once the trainer has stopped."""
+    if followed.wrong_resume:
         return Outcome.fail(followed.wrong_resume)
-    after = ckpt.scan(ctx.layout.save_dir).latest_complete
+    facts = ctx.plan.save_dir_facts()  # one look: a settle that changes the disk returns below
+    after = facts.resume_point
     progressed = after is not None and (before is None or after.iteration > before.iteration)
-    if stalled:
-        return Outcome.retry(stalled, progressed=progressed, stall=True)
+    if followed.stalled:
+        return Outcome.retry(followed.stalled, progressed=progressed, stall=True)
     # ShopSim must have been alive for the last steps too: check it once more before any
     # later stage uses the checkpoint (the supervisor looks only once a second).
     ctx.shopsim.vouch(ctx.layout.save_dir)
     if await ctx.shopsim.settle_outage(ctx.plan, ctx):
         return Outcome.retry("ShopSim died during the last steps; retraining them from the witnessed checkpoint",
                              progressed=True)
-    if _trained(ctx):
-        _prune_partials(ctx)
-        await _stop_sidecar(ctx, sidecar)
-        await ctx.launcher.idle()  # a Ray head of ours goes with its job (issue 27)
-        return Outcome.done(f"{ctx.plan.checkpoint_name} complete", progressed=True)
+    if resume.trained(facts, ctx.end_iteration):
+        _prune_partials(ctx, facts)
+        return await _finish(ctx, sidecar)
     tail = _tail(ctx.log_path(STATE))
     if log_says_enospc(tail):  # disk.py's one recogniser (not fooled by the inotify watch limit)
         return Outcome("disk", f"trainer hit ENOSPC (see {ctx.log_path(STATE)})",
@@ -195,6 +212,13 @@ async def run(ctx: RoundContext) -> Outcome:
     return Outcome.retry(
         f"trainer exited (status {trainer.returncode}) before {ctx.plan.checkpoint_name} was complete; "
         f"see {ctx.log_path(STATE)}", progressed=progressed, returncode=trainer.returncode)
+
+
+async def _finish(ctx: RoundContext, sidecar: Child | None, why: str = "") -> Outcome:
+    """The round is trained: drain the sidecar, let a Ray head of ours go with its job (issue 27)."""
+    await _stop_sidecar(ctx, sidecar)
+    await ctx.launcher.idle()
+    return Outcome.done(f"{ctx.plan.checkpoint_name} complete" + (f" ({why})" if why else ""), progressed=True)
 
 
 async def _stop_stale_clients(ctx: RoundContext) -> None:
@@ -252,7 +276,7 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
     ctx.unregister_child(child)
     stop_file.unlink(missing_ok=True)
     ctx.emit("sidecar.stopped", pid=child.pid)
-    record = ctx.record_path("sidecar")
+    record = ctx.plan.sidecar_record
     record.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(record, {"round": ctx.round, "drained_at": ctx.clock.time(), "forced": forced})
     if forced:  # each analysis it was running held a ShopSim lease that nobody will release
@@ -261,47 +285,27 @@ async def _stop_sidecar(ctx: RoundContext, child: Child | None) -> None:
             ctx.emit("shopsim.recovery_deferred", problem=problem, note="retried before the bare val")
 
 
-def _repair_tracker(ctx: RoundContext) -> None:
-    """A tracker naming a torn save would make slime (Megatron) fail to load: point it back at
-    the newest complete checkpoint, or set it aside when there is none, so ``--load`` resumes
-    from what is really on disk. Only ever done while no trainer runs."""
-    save = ctx.layout.save_dir
-    scan = ckpt.scan(save)
-    tracker = scan.tracker
-    if tracker.iteration is None or ckpt.is_complete(save, tracker.iteration):
-        return
-    good = [c for c in scan.checkpoints if c.complete and c.iteration <= tracker.iteration]
-    now = good[-1].iteration if good else None
-    retention.point_tracker(save, now, set_aside_as=f"torn-{int(ctx.clock.time())}")
-    ctx.emit("checkpoint.tracker_repaired", was=tracker.iteration, now=now)
-    _prune_partials(ctx)
+def _repair_tracker(ctx: RoundContext) -> resume.Resume:
+    """Make the tracker name the resume point round/resume.py chose (a tracker naming a torn
+    save would make Megatron fail to load; one a completion marker overtook would resume too
+    early), and prune the torn save's partials. Only ever done while no trainer runs."""
+    log = ctx.log_path(STATE)
+    seen = _read_progress(log, 0, re.compile(ctx.cfg.train.progress_pattern))[1]
+    decided = resume.resume(ctx.plan.save_dir_facts(), seen)
+    if decided.repair is not None:
+        retention.point_tracker(ctx.layout.save_dir, decided.repair.now,
+                                set_aside_as=f"torn-{int(ctx.clock.time())}")
+        ctx.emit("checkpoint.tracker_repaired", was=decided.repair.was, now=decided.repair.now)
+    if decided.prune:
+        retention.delete_checkpoints(decided.prune, save_dir=ctx.layout.save_dir)
+    return decided
 
 
-def _point_tracker(ctx: RoundContext, *, was: int | None, now: int) -> None:
-    """Point Megatron's tracker at iteration ``now`` (atomically; only while no trainer runs)."""
-    retention.point_tracker(ctx.layout.save_dir, now)
-    ctx.emit("checkpoint.tracker_repaired", was=was, now=now)
-
-
-def _prune_partials(ctx: RoundContext) -> None:
+def _prune_partials(ctx: RoundContext, facts: resume.SaveDir) -> None:
     """The seed's prune, safely: partial iter dirs only, and only now that no trainer runs."""
-    scan = ckpt.scan(ctx.layout.save_dir)
-    retention.retain(scan, {c.iteration for c in scan.checkpoints if c.complete}, save_dir=ctx.layout.save_dir,
-                trainer_running=False)
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a launch that loads the campaign's save dir must resume (slime's rule)."""
-
-    checkpoint: Path  # the iter dir the tracker names: what ``--load`` restores
-    iteration: int    # its iteration (the tracker's)
-    rerun: int        # rollouts this round's log showed past that checkpoint: trained again
-
-    @property
-    def expected(self) -> int:
-        """The launch's first rollout id: slime's ``start_rollout_id = loaded_rollout_id + 1``."""
-        return self.iteration + 1
+    decided = resume.retention(facts, resume.Moment.TRAINER_STOPPED)
+    if decided.doomed:
+        retention.delete_checkpoints(decided.doomed, save_dir=ctx.layout.save_dir)
 
 
 @dataclass(frozen=True)
@@ -312,43 +316,29 @@ class Followed:
     wrong_resume: str | None = None  # the resume check's one-line failure: stopped, the stage fails
 
 
-def resume_point(ctx: RoundContext) -> ResumePoint | None:
-    """The resume the next launch must show, or None when it does not load the save dir.
-
-    ``values()`` passes the save dir as ``--load`` once it holds a committed checkpoint, and
-    ``_repair_tracker`` has pointed the tracker at a complete one, so Megatron loads the tracker's
-    iteration and slime starts at that + 1. Without one, ``--load`` is the converted base model."""
-    scan = ckpt.scan(ctx.layout.save_dir)
-    loaded = scan.latest_complete
-    if not scan.consistent or loaded is None:
-        return None
-    seen = _read_progress(ctx.log_path(STATE), 0, re.compile(ctx.cfg.train.progress_pattern))[1]
-    return ResumePoint(checkpoint=loaded.path, iteration=loaded.iteration,
-                       rerun=max(0, max(seen, default=loaded.iteration) - loaded.iteration))
-
-
-def _check_resume(ctx: RoundContext, resume: ResumePoint, first: int) -> str | None:
+def _check_resume(ctx: RoundContext, resumed: resume.Resume, first: int) -> str | None:
     """Journal the resume check of one launch; the failure line when ``first`` is not the
     rollout slime must resume at (slime#1558: the weights restored, the rollout count at 0)."""
-    ok = first == resume.expected
-    ctx.emit("train.resume_check", ok=ok, expected=resume.expected, seen=first,
-             checkpoint=str(resume.checkpoint), rerun=resume.rerun)
+    assert resumed.load is not None  # only a launch that loads the save dir is checked
+    ok = first == resumed.expected
+    ctx.emit("train.resume_check", ok=ok, expected=resumed.expected, seen=first,
+             checkpoint=str(resumed.load.path), rerun=resumed.rerun)
     if ok:
         return None
-    return (f"wrong resume: the trainer loaded {resume.checkpoint} but its first rollout was {first}, "
-            f"not {resume.expected} (tracker + 1; slime#1558); stopped at that rollout, before it trains "
+    return (f"wrong resume: the trainer loaded {resumed.load.path} but its first rollout was {first}, "
+            f"not {resumed.expected} (tracker + 1; slime#1558); stopped at that rollout, before it trains "
             f"a round on the wrong data; fix the trainer's resume (--load, --start-rollout-id), then run "
             f"shoprld again")
 
 
-async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None = None) -> Followed:
+async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | None = None) -> Followed:
     """Follow the trainer's progress lines until it exits, stalls, or shows a wrong resume
     (checked on its first line when ``resume`` is given)."""
     cfg = ctx.cfg.train
     pattern = re.compile(cfg.progress_pattern)
     log = ctx.log_path(STATE)
     offset = log.stat().st_size if trainer.adopted and log.exists() else _offset_of_last_start(log)
-    start_iter = ctx.mapping.end_iteration(ctx.round - 1) if ctx.round > 0 else 0
+    start_iter = ctx.plan.start_iteration
     step_times: list[float] = []
     last_step_at = ctx.clock.monotonic()
     last_id: int | None = None
@@ -365,8 +355,8 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                 await done.wait()
             offset, ids = _read_progress(log, offset, pattern)
             now = ctx.clock.monotonic()
-            if resume is not None and last_id is None and ids:
-                wrong = _check_resume(ctx, resume, ids[0])
+            if resumed is not None and last_id is None and ids:
+                wrong = _check_resume(ctx, resumed, ids[0])
                 if wrong:
                     tg.cancel_scope.cancel()
                     return Followed(wrong_resume=wrong)

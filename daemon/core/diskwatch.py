@@ -2,7 +2,7 @@
 this module wires that judge to a campaign: the guard the monitor feeds, limits that follow
 the measured checkpoint size, what status shows of the last sample, the verdict after a
 reclaim, an ENOSPC a stage met, and the wait for space while parked; and the reclaim itself:
-what this campaign may delete under pressure (checkpoints.py deletes, by its keep-set).
+what this campaign may delete under pressure (round/resume.py decides, retention.py deletes).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from typing import Any
 
 import structlog
 
-from shoprld.states import base
-
-from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import disk, diskbudget, retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import DiskSection
 from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.round import resume
+from shoprld.daemon.round.plan import RoundPlan
 
 log = structlog.get_logger("shoprld.engine")
 
@@ -87,17 +86,14 @@ class DiskWatch:
 
 
 def reclaim(cfg: Config, layout: Layout, round: int, *, trainer_running: bool) -> int:
-    """Delete what this campaign may: checkpoints outside retention, partials (only when no
-    trainer runs), and the campaign's own tmp. Never the shared cache or other campaigns."""
-    scan = ckpt.scan(layout.save_dir)
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-    export = base.read_json(layout.artifacts / "export" / f"{base.round_id(round)}.json") or {}
-    exported = export.get("iteration") if isinstance(export.get("iteration"), int) else None
-    # Under pressure: only the previous round's final (keep_finals=1), not the configured finals.
-    keep = retention.keep_set(scan, m, round=round, finished=False, keep_finals=1, export_iteration=exported)
-    doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=trainer_running)
+    """Delete what this campaign may (round/resume.py's keep-set under pressure: what a resume
+    and this round's export need), partials only when no trainer runs, and the campaign's own
+    tmp. Never the shared cache or other campaigns."""
+    facts = RoundPlan(cfg, layout, round).save_dir_facts()
+    decided = resume.retention(facts, resume.Moment.PRESSURE, trainer_running=trainer_running)
+    freed = retention.delete_checkpoints(decided.doomed, save_dir=layout.save_dir) if decided.doomed else 0
     if layout.tmp.exists():
         freed += clear_dir_contents(layout.tmp, within=layout.exp_dir)
     if freed:
-        log.info("disk.reclaimed", bytes=freed, deleted=[c.iteration for c in doomed])
+        log.info("disk.reclaimed", bytes=freed, deleted=[c.iteration for c in decided.doomed])
     return freed

@@ -19,13 +19,13 @@ import structlog
 from shoprld.states import base, next_round
 
 from shoprld.daemon.foundation import causes
-from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import ROW_KEY
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
 from shoprld.daemon.round.machine import ROUND_STATES, State
+from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.core.attempts import Attempts
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.snapshot import Snapshot, num
@@ -122,16 +122,15 @@ class Progress:
 
     def step_from_disk(self) -> int:
         """The current round's step its newest complete checkpoint reached (where TRAIN resumes)."""
-        cfg, r = self._cfg(), self._round()
-        scan = ckpt.scan(self.layout.save_dir)
-        m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-        start = m.end_iteration(r - 1) if r > 0 else 0
-        latest = scan.latest_complete.iteration if scan.latest_complete else start
-        return max(0, min(cfg.campaign.steps_per_round, latest - start))
+        cfg = self._cfg()
+        plan = RoundPlan(cfg, self.layout, self._round())
+        point = plan.resume_point()
+        latest = point.iteration if point is not None else plan.start_iteration
+        return max(0, min(cfg.campaign.steps_per_round, latest - plan.start_iteration))
 
     def mark_round_started(self) -> None:
         r = self._round()
-        path = self.layout.artifacts / "round" / f"{base.round_id(r)}.json"
+        path = RoundPlan(self._cfg(), self.layout, r).round_record
         rec = base.read_json(path)
         if rec is None:
             rec = {"round": r, "started_at": self.clock.time()}

@@ -5,8 +5,9 @@ the repo hygiene scan's findings.
 Each records what happened in the engine's view (daemon/core/snapshot.py: the journal line,
 status) and hands what it means to the machine through the engine's ``apply`` (which asks
 ``machine.decide`` and carries the decision out). On disk: a committed checkpoint lets
-``saves.py`` prune the round's older save; a soft or hard disk level reclaims what this
-campaign may (``diskwatch.reclaim``). The hygiene scan only reads; it never deletes.
+``round/resume.py`` decide which of the round's saves it supersedes (``retention.py`` deletes
+them); a soft or hard disk level reclaims what this campaign may (``diskwatch.reclaim``). The
+hygiene scan only reads; it never deletes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from anyio.abc import ObjectSendStream
 from shoprld.daemon.foundation import disk as diskmod
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.round import saves
+from shoprld.daemon.foundation import retention
+from shoprld.daemon.round import resume
+from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.round.machine import WORKING_STATES, Counters, Ending, Machine, State
 from shoprld.daemon.services import hygiene
 from shoprld.daemon.core.diskwatch import DiskWatch, reclaim
@@ -79,10 +82,25 @@ class Reactions:
         self.disk.follow_checkpoint(cfg.disk, self.view.checkpoint_bytes())
         if self.machine.state is State.TRAIN:  # issue 17: a save supersedes the round's older ones
             self._vouch()  # issue 25: a vouched save also supersedes the oldest kept final
-            deleted, freed = saves.prune_superseded(cfg, self.layout, self._counters().round)
-            if deleted:
-                self.view.journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")
+            self._supersede(cfg)
         return await self._apply(self.machine.state, Ending("checkpoint"))
+
+    def _supersede(self, cfg: Config) -> None:
+        """A save landed in TRAIN: delete what it supersedes (the round's older saves; once
+        vouched for, the oldest kept final), so mid-round saves cost one checkpoint's room, the
+        one the disk forecast counts.
+
+        Synchronous, as the engine's other deletions: a few large files, and no await between a
+        stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's
+        witness looks once a second, so a ShopSim death in the second between a save and that
+        look rolls back past the pruned save, to the round's previous final: more retraining in
+        that rare case, never a wrong checkpoint."""
+        facts = RoundPlan(cfg, self.layout, self._counters().round).save_dir_facts()
+        decided = resume.retention(facts, resume.Moment.TRAINING, keep_finals=cfg.disk.keep_finals)
+        if decided.doomed:
+            freed = retention.delete_checkpoints(decided.doomed, save_dir=self.layout.save_dir)
+            self.view.journal("retention.applied", deleted=[c.iteration for c in decided.doomed], bytes=freed,
+                              rule="newest save of the round")
 
     async def disk_level(self, ev: dict[str, Any], *, stopping: bool) -> int | None:
         """The monitor's level change (disk.py's verdict): reclaim what this campaign may, ask

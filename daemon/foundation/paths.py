@@ -20,6 +20,13 @@ def round_id(index: int) -> str:
     return f"round-{index:03d}"
 
 
+def record_file(artifacts: Path, kind: str, rid: str) -> Path:
+    """Where shoprld keeps one round's small decision record of ``kind``: the one spelling of
+    ``<artifacts>/<kind>/<round_id>.json``. ``RoundPlan`` names each record through it; the
+    save planner (``round/saves.py``, which ``RoundPlan`` itself imports) uses it directly."""
+    return artifacts / kind / f"{rid}.json"
+
+
 def default_state_dir(campaign: str, environ: Mapping[str, str] = os.environ, *, instance: str | None = None,
                       system_root: Path = Path("/var/lib/shoprld")) -> Path:
     """$STATE_DIRECTORY under systemd (or supervisord: its config pins it), else the system

@@ -1,14 +1,10 @@
-"""Retention: what checkpoints are kept, and the one place that deletes them.
+"""The one place that deletes checkpoints and rewrites Megatron's tracker.
 
-This module alone decides what is kept and deletes checkpoints (issue 16, step 3):
-:func:`keep_set` is the one keep-set rule (the finals the rounds need, the newest save of the
-round in progress, what an export read), :func:`keep_while_training` the one while a round
-trains, :func:`retention_plan` only ever proposes committed checkpoints outside that set and not
-the resume point, plus partials while no trainer runs; :func:`retain` carries a plan out;
-:func:`delete_checkpoints` refuses anything that does not resolve to a direct child of the save
-dir. The ShopSim-outage rollback lives here too (:func:`roll_back_to`): the ShopSim service only
-reports the last checkpoint it saw served. Megatron's tracker is rewritten by
-:func:`point_tracker` only.
+What is kept, and where a round resumes, is decided in ``daemon/round/resume.py`` (pure); this
+module carries those decisions out: :func:`delete_checkpoints` deletes what a decision lets go,
+and refuses anything that does not resolve to a direct child of the save dir;
+:func:`point_tracker` is the only writer of the tracker (a repair, an outage rollback, a wrong
+resume undone).
 
 On disk it touches the save dir only: it deletes ``iter_N`` dirs (each renamed to a hidden
 ``.deleting.iter_N`` first, and such leftovers are swept), and it rewrites the tracker
@@ -22,7 +18,6 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +25,8 @@ from shoprld.daemon.foundation.checkpoints import (
     _ITER_RE,
     TRACKER_NAME,
     Checkpoint,
-    IterationMapping,
-    Scan,
     _tree_bytes,
     iter_name,
-    scan,
 )
 from shoprld.daemon.foundation.store import atomic_write
 
@@ -42,16 +34,9 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
 __all__ = [
-    "Rollback",
     "delete_checkpoints",
     "delete_iter_dir",
-    "keep_set",
-    "keep_while_training",
-    "outage_suspects",
     "point_tracker",
-    "retain",
-    "retention_plan",
-    "roll_back_to",
 ]
 
 # delete_checkpoints() renames an iter dir to this prefix first, so a crash mid-delete never leaves
@@ -68,84 +53,6 @@ def _log() -> FilteringBoundLogger:
     return logger
 
 
-def retention_plan(scan: Scan, *, keep_iterations: Iterable[int], trainer_running: bool) -> list[Checkpoint]:
-    """What MAY be deleted in this save dir, oldest first.
-
-    Never proposed: the resume point (``scan.latest_complete``), anything in ``keep_iterations``
-    (the caller passes the newest complete of the current round, the previous round's final
-    checkpoint and the export's iteration), and anything ``ahead`` of the tracker (it may be the
-    next resume point once the tracker catches up). Partials only when ``trainer_running`` is
-    False: while a trainer runs, a partial may be the save being written. A tracker that reads
-    torn or empty can only shrink what is committed, so it can only make this plan smaller.
-    """
-    latest = scan.latest_complete
-    keep = set(keep_iterations)
-    if latest is not None:
-        keep.add(latest.iteration)
-    ahead = {c.iteration for c in scan.ahead}
-    plan: list[Checkpoint] = []
-    for ckpt in scan.checkpoints:
-        if ckpt.iteration in keep or ckpt.iteration in ahead:
-            continue
-        if ckpt.complete or not trainer_running:
-            plan.append(ckpt)
-    return plan
-
-
-def keep_set(scan: Scan, mapping: IterationMapping, *, round: int, finished: bool, keep_finals: int,
-             export_iteration: int | None = None) -> set[int]:
-    """The iterations retention keeps while ``round`` runs (``finished=False``) or once it is done.
-
-    - the finals of the last ``keep_finals`` finished rounds (``round`` itself once finished);
-    - while the round runs, its newest complete save: the one mid-round save worth keeping
-      (a resume starts there; older mid-round saves of the round are proposed for deletion);
-    - ``export_iteration``, the checkpoint the round's HF export read, when there is one.
-    The resume point and anything ahead of the tracker are kept by :func:`retention_plan` anyway.
-    """
-    last = round if finished else round - 1
-    keep = {mapping.end_iteration(last - back) for back in range(keep_finals) if last - back >= 0}
-    if export_iteration is not None:
-        keep.add(export_iteration)
-    if not finished:
-        current = [c.iteration for c in scan.checkpoints if c.complete and mapping.round_of(c.iteration) == round]
-        if current:
-            keep.add(max(current))
-    return keep
-
-
-def retain(scan: Scan, keep: Iterable[int], *, save_dir: Path, trainer_running: bool) -> tuple[list[Checkpoint], int]:
-    """Delete what :func:`retention_plan` proposes outside ``keep``: (the deleted, the bytes freed)."""
-    doomed = retention_plan(scan, keep_iterations=keep, trainer_running=trainer_running)
-    return doomed, delete_checkpoints(doomed, save_dir=save_dir) if doomed else 0
-
-
-def outage_suspects(scan: Scan, witnessed: int | None) -> list[Checkpoint]:
-    """Complete checkpoints saved after the last one ShopSim was seen serving (``witnessed``; None:
-    none was): their rollouts may have run against a dead ShopSim, so they may hold partial data."""
-    return [c for c in scan.checkpoints if c.complete and (witnessed is None or c.iteration > witnessed)]
-
-
-@dataclass(frozen=True)
-class Rollback:
-    """What :func:`roll_back_to` did."""
-
-    deleted: tuple[int, ...]
-    resume: int | None  # the iteration the tracker names now; None: the next start loads the base model
-
-
-def roll_back_to(save_dir: Path, witnessed: int | None, *, now: float) -> Rollback:
-    """The ShopSim-outage rollback: delete :func:`outage_suspects` and point the tracker at the
-    newest complete checkpoint at or before ``witnessed`` (set it aside when there is none), so
-    that only the steps after the witnessed checkpoint are retrained."""
-    found = scan(save_dir)
-    doomed = outage_suspects(found, witnessed)
-    delete_checkpoints(doomed, save_dir=save_dir)
-    kept = [c for c in found.checkpoints if c.complete and witnessed is not None and c.iteration <= witnessed]
-    resume = kept[-1].iteration if kept else None
-    point_tracker(save_dir, resume, set_aside_as=f"rolled-back-{int(now)}")
-    return Rollback(tuple(c.iteration for c in doomed), resume)
-
-
 def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str = "set-aside") -> None:
     """Make Megatron's tracker name ``iteration`` (atomically, durably). With None there is nothing
     to resume from: the tracker, if any, is renamed ``<tracker>.<set_aside_as>`` (kept for the
@@ -155,29 +62,6 @@ def point_tracker(save_dir: Path, iteration: int | None, *, set_aside_as: str = 
         atomic_write(tracker, f"{iteration}\n".encode())
     elif tracker.exists():
         tracker.rename(tracker.with_name(f"{tracker.name}.{set_aside_as}"))
-
-
-def keep_while_training(scan: Scan, mapping: IterationMapping, round_index: int, *, keep_finals: int = 1,
-                        vouched: Callable[[int], bool] = lambda _i: False) -> set[int]:
-    """The keep set while ``round_index`` trains: the newest complete save of the round, and the
-    complete checkpoints outside it (the finals NEXT_ROUND's retention left, which ``--load``
-    needs). The round's older saves are superseded: a fault resumes from the newest (issue 17).
-
-    Once that newest save is ``vouched`` for (ShopSim was seen alive after it, so no outage can
-    roll back past it), it counts as one of the ``keep_finals`` and the oldest final goes
-    (issue 25): the disk then holds ``keep_finals`` checkpoints between saves and one more while
-    a save lands, as upstream's loop does, instead of a third 53 GB checkpoint."""
-    complete = [c.iteration for c in scan.checkpoints if c.complete]
-    mine = [i for i in complete if mapping.round_of(i) == round_index]
-    others = sorted(i for i in complete if mapping.round_of(i) != round_index)
-    if not mine:
-        return set(others)
-    newest = max(mine)
-    if vouched(newest):
-        older = [i for i in others if i < newest]
-        later = [i for i in others if i > newest]
-        others = later + older[max(0, len(older) - (keep_finals - 1)):]
-    return set(others) | {newest}
 
 
 def _refusal(path: str, root: str, iteration: int) -> str | None:
@@ -208,7 +92,7 @@ def _rmtree(path: str) -> list[str]:
 
 
 def delete_checkpoints(items: Iterable[Checkpoint], *, save_dir: Path) -> int:
-    """Delete ``items`` (normally a :func:`retention_plan`); returns the bytes freed.
+    """Delete ``items`` (what a ``round/resume.py`` decision lets go); returns the bytes freed.
 
     Refuses, with ``checkpoint.delete_refused``, any item whose path is a symlink or does not
     resolve to ``iter_{N:07d}`` directly inside ``realpath(save_dir)``. Each dir is first renamed

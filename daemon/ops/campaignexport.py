@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
@@ -130,8 +131,8 @@ def _copy_items(camp: Campaign, roots: Mapping[str, str], state: Mapping[str, An
                               "dir" if p.is_dir() else "file", required and exists,
                               why if exists else f"{why} (not found on this machine)".strip()))
 
-    scan = ckpt.scan(layout.save_dir)
-    final = scan.latest_complete
+    facts = RoundPlan(cfg, layout, 0).save_dir_facts()  # one scan; the resume rule names the final
+    scan, final = facts.scan, facts.resume_point
     cdoc = None
     if final is not None:
         cdoc = {**final.as_dict(), "tracker": scan.tracker.iteration, "save_dir": str(layout.save_dir)}

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TextIO
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.disk import human_bytes
@@ -141,10 +142,9 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
 
     # Checkpoints.
     save = layout.save_dir
-    scan = ckpt.scan(save)
-    final = scan.latest_complete
+    facts = RoundPlan(cfg, layout, 0).save_dir_facts()  # one scan; the resume rule names the final
+    scan, m, final = facts.scan, facts.mapping, facts.resume_point
     plan.final = final
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     try:
         entries = sorted(os.scandir(save), key=lambda e: e.name)
     except OSError:

@@ -31,7 +31,7 @@ from shoprld.daemon.foundation.disk import human_bytes
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger, format_rows, git_info
 from shoprld.daemon.ops.oneshot import Campaign, read_json
-from shoprld.daemon.round.plan import resolve
+from shoprld.daemon.round.plan import RoundPlan, resolve
 from shoprld.daemon.foundation.store import STATE_FILE, Store
 
 RECORD_ROOT = "reports/shoprld"
@@ -91,8 +91,9 @@ def _round_rows(camp: Campaign) -> list[dict[str, Any]]:
     durations = {str(r["round"]): r.get("duration_seconds") for r in (loaded.rounds if loaded else [])}
     rows = []
     for r in range(cfg.campaign.rounds):
-        rid = f"round-{r:03d}"
-        recs = {k: read_json(layout.artifacts / k / f"{rid}.json") for k in RECORD_KINDS}
+        plan = RoundPlan(cfg, layout, r)
+        rid = plan.round_id
+        recs = {k: read_json(plan.record_path(k)) for k in RECORD_KINDS}
         summary = read_json(layout.runs / f"{rid}-bare-val" / "summary.json")
         manifest = read_json(layout.runs / f"{rid}-online-gate" / "online_gate_manifest.json")
         if not any(recs.values()) and summary is None and str(r) not in ledger_rows:
@@ -114,9 +115,8 @@ def _round_rows(camp: Campaign) -> list[dict[str, Any]]:
 
 def _checkpoint_doc(camp: Campaign) -> dict[str, Any]:
     cfg, layout = camp.cfg, camp.layout
-    scan = ckpt.scan(layout.save_dir)
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-    final = scan.latest_complete
+    facts = RoundPlan(cfg, layout, 0).save_dir_facts()  # one scan; the resume rule names the final
+    scan, m, final = facts.scan, facts.mapping, facts.resume_point
     return {
         "save_dir": str(layout.save_dir),
         "tracker": {"kind": scan.tracker.kind, "iteration": scan.tracker.iteration},

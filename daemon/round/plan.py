@@ -32,6 +32,7 @@ The stage context (``states/base.RoundContext``) is this plan plus the services.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,15 +43,30 @@ from urllib.parse import urlsplit
 import shoprld.recipes.demo
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.round import saves
+from shoprld.daemon.round import resume, saves
 from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.paths import record_file, round_id
 from shoprld.daemon.foundation.placeholders import expand, expand_vars
 from shoprld.daemon.foundation.secrets import Secrets
 from shoprld.daemon.foundation.store import read_json  # noqa: F401  (re-exported: the stages read records with it)
+
+
+RECORD_KINDS = ("round", "sidecar", "export", "val", "gate", "inject", "saves")
+"""The per-round records, ``<artifacts>/<kind>/<round_id>.json``: :class:`RoundPlan` names each one."""
+
+
+def read_witness(path: Path) -> resume.Witness | None:
+    """The ShopSim witness at ``path``; None when there is none (ShopSim is not our child)."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return resume.Witness(None, readable=False)
+    return resume.Witness.from_doc(doc)
 
 
 def demo_dir() -> Path:
@@ -76,7 +92,9 @@ class RoundFacts:
     @classmethod
     def read(cls, plan: RoundPlan) -> RoundFacts:
         """Scan the save dir (not in planned mode: it does not look) and read the GATE record."""
-        committed = not plan.planned and ckpt.scan(plan.layout.save_dir).latest_complete is not None
+        # The resume rule's answer (round/resume.py): the witness and the export records do not
+        # bear on it, so they are not read here.
+        committed = not plan.planned and plan.resume_point() is not None
         return cls(committed=committed, gate=read_json(plan.record_path("gate")) or {},
                    save_interval=saves.placeholder_value(plan.cfg, plan.layout, plan.round, planned=plan.planned))
 
@@ -113,7 +131,14 @@ class RoundPlan:
         return round_id(self.round + 1)
 
     @property
+    def start_iteration(self) -> int:
+        """Where the round's iteration window opens: the previous round's end (0 for round 0).
+        The round trains ``(start_iteration, end_iteration]``."""
+        return self.mapping.end_iteration(self.round - 1) if self.round > 0 else 0
+
+    @property
     def end_iteration(self) -> int:
+        """Where the round's window closes: its final save's iteration."""
         return self.mapping.end_iteration(self.round)
 
     @property
@@ -175,8 +200,51 @@ class RoundPlan:
         return ckpt.iter_dir(self.layout.save_dir, self.end_iteration)
 
     def record_path(self, kind: str, rid: str | None = None) -> Path:
-        """shoprld's own small per-round decision records, under the experiment's artifacts."""
-        return self.layout.artifacts / kind / f"{rid or self.round_id}.json"
+        """shoprld's own small per-round decision records, under the experiment's artifacts
+        (``kind``: one of :data:`RECORD_KINDS`; the properties below name each)."""
+        if kind not in RECORD_KINDS:
+            raise ValueError(f"unknown record kind {kind!r}; one of {', '.join(RECORD_KINDS)}")
+        return record_file(self.layout.artifacts, kind, rid or self.round_id)
+
+    @property
+    def round_record(self) -> Path:
+        """The round's start (job id, start time): written when TRAIN first launches."""
+        return self.record_path("round")
+
+    @property
+    def sidecar_record(self) -> Path:
+        """The analyst sidecar drained (TRAIN)."""
+        return self.record_path("sidecar")
+
+    @property
+    def export_record(self) -> Path:
+        """EXPORT_HF's manifest: the iteration it read and the files it checked."""
+        return self.record_path("export")
+
+    @property
+    def saves_record(self) -> Path:
+        """The round's last ``--save-interval`` choice (``daemon/round/saves.py``)."""
+        return self.record_path("saves")
+
+    @property
+    def witness_path(self) -> Path:
+        """The campaign's ShopSim witness (services/shopsim.py writes it; not per round)."""
+        return self.layout.shopsim_witness
+
+    # -- the save dir and its records, read once for round/resume.py ------------------------------
+    def resume_point(self) -> ckpt.Checkpoint | None:
+        """Where a launch resumes now (round/resume.py's rule on one scan), without the records."""
+        return resume.SaveDir(ckpt.scan(self.layout.save_dir), self.mapping, self.round).resume_point
+
+    def save_dir_facts(self, scan: ckpt.Scan | None = None) -> resume.SaveDir:
+        """One scan of the save dir (``scan`` when the caller has one) and the records every
+        checkpoint decision reads: the witness, and which rounds' end saves an export read."""
+        found = ckpt.scan(self.layout.save_dir) if scan is None else scan
+        m = self.mapping
+        rounds = {m.round_of(c.iteration) for c in found.checkpoints if c.complete}
+        exported = [r for r in sorted(rounds) if self.with_round(r).export_record.exists()]
+        return resume.SaveDir(found, m, self.round, witness=read_witness(self.witness_path),
+                              exported=resume.exported_ends(m, exported))
 
     def log_path(self, state: str) -> Path:
         """The stage log of ``state`` (a State's value, or a service's name) in this round."""

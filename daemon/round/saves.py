@@ -51,7 +51,6 @@ Pure where it can be: :func:`young_daly_steps`, :func:`learned_mtbf`, :func:`rea
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -62,14 +61,14 @@ from pathlib import Path
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.paths import record_file, round_id
 from shoprld.daemon.foundation.preflight import budget_for
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
+from shoprld.daemon.round import resume
 
 # The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke
 # megatron-core trainer's own line. The seconds are the first group.
@@ -246,7 +245,7 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
 # -- reading the world, once per launch ------------------------------------------------------------
 def record_path(layout: Layout, round_index: int) -> Path:
     """The round's last choice."""
-    return layout.artifacts / "saves" / f"{round_id(round_index)}.json"
+    return record_file(layout.artifacts, "saves", round_id(round_index))
 
 
 def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned: bool = False) -> str:
@@ -265,7 +264,7 @@ def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned:
 def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
     """Room for mid-round saves on the volume now (None when it cannot be read), from the
     campaign's budget (``preflight.budget_for``). Each save supersedes the one before it (and,
-    once vouched for, the oldest kept final: ``retention.keep_while_training``), so mid-round
+    once vouched for, the oldest kept final: ``round/resume.py``, ``Moment.TRAINING``), so mid-round
     saves need what the round's own peak needs: that it lands above the soft floor."""
     try:
         b = budget_for(cfg, layout)
@@ -281,9 +280,9 @@ def _steps_left(cfg: Config, layout: Layout, round_index: int, *, planned: bool)
     m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
     end = m.end_iteration(round_index)
     floor = m.end_iteration(round_index - 1) if round_index > 0 else 0
-    latest = None if planned else ckpt.scan(layout.save_dir).latest_complete
-    resume = max(floor, latest.iteration) if latest is not None else floor
-    return max(1, end - resume), end, m.num_rollout(round_index)
+    latest = None if planned else resume.SaveDir(ckpt.scan(layout.save_dir), m, round_index).resume_point
+    start = max(floor, latest.iteration) if latest is not None else floor
+    return max(1, end - start), end, m.num_rollout(round_index)
 
 
 def plan(cfg: Config, layout: Layout, round_index: int, *, now: float, planned: bool = False,
@@ -357,41 +356,6 @@ def describe(choice: SaveChoice) -> str:
     if choice.mid_round:
         return f"adaptive: a save every {choice.interval} steps ({inputs})"
     return f"adaptive: one save per round (--save-interval {choice.interval}), as the seed: {choice.reason} ({inputs})"
-
-
-def prune_superseded(cfg: Config, layout: Layout, round_index: int) -> tuple[list[int], int]:
-    """After a save lands in TRAIN: delete the round's older saves (retention keeps the newest
-    save of the round plus the finals earlier rounds left; ``retention.keep_while_training``),
-    so mid-round saves cost one checkpoint's room, the one the disk forecast counts.
-
-    Synchronous, as the engine's other deletions: a few large files, and no await between a
-    stage's scan and its tracker write can interleave with it. One trade-off: ShopSim's witness
-    (``ShopsimService.vouch``) looks once a second, so a ShopSim death in the second between a
-    save and that look rolls back past the pruned save, to the round's previous final: more
-    retraining in that rare case, never a wrong checkpoint. The previous final itself goes only
-    once the newest save is :func:`vouched` for, so a rollback always has a checkpoint to reach."""
-    m = ckpt.IterationMapping(cfg.campaign.steps_per_round, cfg.train.end_offset)
-    scan = ckpt.scan(layout.save_dir)
-    keep = retention.keep_while_training(scan, m, round_index, keep_finals=cfg.disk.keep_finals,
-                                         vouched=lambda i: vouched(layout, i))
-    doomed, freed = retention.retain(scan, keep, save_dir=layout.save_dir, trainer_running=True)
-    return [c.iteration for c in doomed], freed
-
-
-def vouched(layout: Layout, iteration: int) -> bool:
-    """Whether no ShopSim outage can roll back past ``iteration``: our live ShopSim vouched for
-    it (``shopsim.witness``, written by services/shopsim.py), or there is no witness at all
-    (ShopSim is not our child: nothing is ever rolled back then)."""
-    try:
-        doc = json.loads(layout.shopsim_witness.read_text())
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    if not isinstance(doc, dict) or doc.get("outage"):
-        return False
-    seen = doc.get("iteration")
-    return isinstance(seen, int) and not isinstance(seen, bool) and seen >= iteration
 
 
 def _short(source: str) -> str:

@@ -269,7 +269,7 @@ class RayLauncher:
         log.parent.mkdir(parents=True, exist_ok=True)
 
         ours = await self._ours()
-        child = await self._attach(role, round_id, ours, log, list(redacted_argv))
+        child = await self._attach(role, round, ours, log, list(redacted_argv))
         if child is not None:
             if str(child.submitted_entrypoint) != entrypoint:
                 child._note("note: the live job's entrypoint differs from the recipe's; it keeps running as "
@@ -296,7 +296,7 @@ class RayLauncher:
                 await anyio.sleep(1.0)
         info = await self.client.info(sid)
         child = self._child(sid, role, log, list(redacted_argv), str((info or {}).get("status", "PENDING")))
-        self._note_job(round_id, sid)
+        self._note_job(round.plan.round_record, sid)
         return child
 
     async def _ours(self) -> list[tuple[str, int, dict[str, Any]]]:
@@ -308,11 +308,11 @@ class RayLauncher:
                 ours.append((parsed[0], parsed[1], j))
         return ours
 
-    async def _attach(self, role: str, round_id: str, ours: list[tuple[str, int, dict[str, Any]]], log: Path,
+    async def _attach(self, role: str, round: RoundValues, ours: list[tuple[str, int, dict[str, Any]]], log: Path,
                       argv: list[str]) -> RayJobChild | None:
         """Re-attach to the round's newest live job (stopping any other live job of ours first:
         one trainer per save dir); None when the round has none."""
-        live = sorted(((n, j) for rid, n, j in ours if rid == round_id and j.get("status") in LIVE),
+        live = sorted(((n, j) for rid, n, j in ours if rid == round.round_id and j.get("status") in LIVE),
                       key=lambda t: t[0])
         keep = live[-1][1] if live else None
         for _rid, _, j in ours:
@@ -325,7 +325,7 @@ class RayLauncher:
         child = self._child(sid, role, log, argv, str(keep.get("status")))
         child.reattached, child.submitted_entrypoint = True, str(keep.get("entrypoint", ""))
         child._note(f"re-attach {role}: ray job {sid} ({keep.get('status')}) at {self.client.address}")
-        self._note_job(round_id, sid)
+        self._note_job(round.plan.round_record, sid)
         return child
 
     async def live(self, role: ChildRole, *, log: Path, round: RoundValues) -> Child | None:
@@ -344,7 +344,7 @@ class RayLauncher:
                                    + (" (the head shoprld started runs)" if self.head_running() else ""))
             return None
         log.parent.mkdir(parents=True, exist_ok=True)
-        return await self._attach(role, round.round_id, await self._ours(), log, [])
+        return await self._attach(role, round, await self._ours(), log, [])
 
     async def idle(self) -> None:
         """TRAIN's job is done: stop the head this campaign started, unless ``train.ray_keep_head``
@@ -386,9 +386,8 @@ class RayLauncher:
         """The job's driver log on this box (a head of ours), followed by offset; else None."""
         return self.driver_logs / f"job-driver-{sid}.log" if self.driver_logs is not None else None
 
-    def _note_job(self, round_id: str, sid: str) -> None:
-        """The ledger reads ``job_id`` from the round record (artifacts/round/<round>.json)."""
-        path = self.layout.artifacts / "round" / f"{round_id}.json"
+    def _note_job(self, path: Path, sid: str) -> None:
+        """The ledger reads ``job_id`` from the round record (``RoundPlan.round_record``)."""
         try:
             data = json.loads(path.read_text()) if path.exists() else {}
         except (OSError, ValueError):

@@ -39,7 +39,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,7 +54,8 @@ from shoprld.daemon.foundation.errors import StageFailed
 from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
 from shoprld.daemon.foundation.retry import Backoff
 from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.round.plan import RoundPlan, host_port, read_json
+from shoprld.daemon.round import resume
+from shoprld.daemon.round.plan import RoundPlan, host_port
 from shoprld.daemon.foundation.store import replace_json
 
 
@@ -224,26 +225,23 @@ class ShopsimService:
         if trainer is not None:
             await trainer.stop(plan.cfg.train.grace)
             host.unregister_child(trainer)
-        save = plan.layout.save_dir
-        safe = witness.get("iteration")
-        scan = ckpt.scan(save)
-        doomed = retention.outage_suspects(scan, safe)
-        used = [c.iteration for c in doomed if _export_used(plan, c.iteration)]
+        facts = replace(plan.save_dir_facts(), witness=resume.Witness.from_doc(witness))
+        decided = resume.outage_rollback(facts)  # round/resume.py decides; retention.py deletes
         self._outage = False
-        if used:
-            host.emit("shopsim.outage_after_use", iterations=used, witnessed=safe,
+        if decided is None:
+            return False
+        if decided.used:
+            host.emit("shopsim.outage_after_use", iterations=list(decided.used), witnessed=decided.witnessed,
                       note="a later stage already used these weights; not retrained")
-            self._witness(scan.tracker.iteration)
-            return False
-        if not doomed:
-            self._witness(safe)
-            return False
-        host.emit("checkpoint.rollback", iterations=[c.iteration for c in doomed], witnessed=safe,
-                  reason="saved after ShopSim was last seen alive: may hold a partial rollout")
-        done = retention.roll_back_to(save, safe, now=host.clock.time())  # retention.py deletes, not us
+        elif decided.rolls_back:
+            host.emit("checkpoint.rollback", **decided.as_event(),
+                      reason="saved after ShopSim was last seen alive: may hold a partial rollout")
+            retention.delete_checkpoints(decided.delete, save_dir=plan.layout.save_dir)
+            retention.point_tracker(plan.layout.save_dir, decided.tracker,
+                                    set_aside_as=f"rolled-back-{int(host.clock.time())}")
         # What is retrained from here must be witnessed again, by the next live ShopSim.
-        self._witness(done.resume)
-        return True
+        self._witness(decided.witness)
+        return decided.rolls_back
 
     async def ensure_ready(self, plan: RoundPlan, host: ServiceHost, *, settle: bool = True) -> str | None:
         """None once ready; else a one-line problem (the stage retries). ``settle``: at start-up,
@@ -484,10 +482,3 @@ def _read_witness(path: Path | None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and "iteration" in doc else None
-
-
-def _export_used(plan: RoundPlan, iteration: int) -> bool:
-    """A later stage already used this checkpoint: it is a round's end and EXPORT_HF recorded it."""
-    mapping = plan.mapping
-    r = mapping.round_of(iteration)
-    return iteration == mapping.end_iteration(r) and read_json(plan.with_round(r).record_path("export")) is not None

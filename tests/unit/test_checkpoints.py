@@ -30,11 +30,9 @@ from shoprld.daemon.foundation.deepverify import deep_verify
 from shoprld.daemon.foundation.retention import (
     delete_checkpoints,
     delete_iter_dir,
-    keep_set,
-    retain,
-    retention_plan,
-    roll_back_to,
+    point_tracker,
 )
+from shoprld.daemon.round.resume import Moment, SaveDir, Witness, outage_rollback, retention
 from shoprld.daemon.foundation.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
 
 METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
@@ -432,18 +430,18 @@ def test_first_incomplete_round(
 
 
 def test_retention_keeps_resume_kept_and_ahead(tmp_path: Path) -> None:
-    """Retention proposes old committed ones only: never latest, kept, ahead, or partials while training."""
+    """Retention on a real save dir proposes old committed ones only: never the resume point,
+    the kept, what is ahead, or partials while training."""
     for n in (20, 40, 60):
         save(tmp_path, n)
     write_files(tmp_path, 80)  # ahead (async save)
     write_files(tmp_path, 100, ("__0_0.distcp",))  # partial in progress
     write_files(tmp_path, 10, ("__0_0.distcp",))  # an old, abandoned partial
-    s = scan(tmp_path)
-    running = retention_plan(s, keep_iterations={40}, trainer_running=True)
-    assert [c.iteration for c in running] == [20]
-    stopped = retention_plan(s, keep_iterations={40}, trainer_running=False)
-    assert [c.iteration for c in stopped] == [10, 20, 100]
-    assert retention_plan(s, keep_iterations=set(), trainer_running=True)[-1].iteration == 40
+    d = SaveDir(scan(tmp_path), IterationMapping(steps_per_round=20), round=2)
+    running = retention(d, Moment.PRESSURE, trainer_running=True)
+    assert [c.iteration for c in running.doomed] == [20]
+    stopped = retention(d, Moment.PRESSURE, trainer_running=False)
+    assert [c.iteration for c in stopped.doomed] == [10, 20, 100]
 
 
 def test_retention_with_torn_tracker_deletes_nothing_complete(tmp_path: Path) -> None:
@@ -451,34 +449,35 @@ def test_retention_with_torn_tracker_deletes_nothing_complete(tmp_path: Path) ->
     for n in (20, 40):
         save(tmp_path, n)
     write_tracker(tmp_path, "")
-    assert retention_plan(scan(tmp_path), keep_iterations=set(), trainer_running=True) == []
+    d = SaveDir(scan(tmp_path), IterationMapping(steps_per_round=20), round=3)
+    assert all(retention(d, moment, trainer_running=True).doomed == () for moment in Moment)
 
 
-def test_keep_set_keeps_the_finals_the_rounds_need_and_the_newest_mid_round_save(tmp_path: Path) -> None:
-    """One keep rule: the finals of the last keep_finals finished rounds; while a round runs, also
-    its newest save (an older mid-round save goes) and what its export read."""
-    m = IterationMapping(steps_per_round=20)
+def test_retention_under_pressure_deletes_the_superseded_saves_on_disk(tmp_path: Path) -> None:
+    """Under pressure in round 2: the previous final and the round's newest save stay; round 2's
+    older mid-round saves and round 0's final go, from the real save dir."""
     for n in (20, 40, 45, 50, 55):  # finals of rounds 0 and 1, then round 2's mid-round saves
         save(tmp_path, n)
-    s = scan(tmp_path)
-    running = keep_set(s, m, round=2, finished=False, keep_finals=2)
-    assert running == {20, 40, 55}
-    assert [c.iteration for c in retain(s, running, save_dir=tmp_path, trainer_running=True)[0]] == [45, 50]
-    assert keep_set(s, m, round=2, finished=False, keep_finals=1, export_iteration=20) == {20, 40, 55}
-    assert keep_set(s, m, round=1, finished=True, keep_finals=1) == {40}
-    assert keep_set(s, m, round=0, finished=False, keep_finals=3) == {20}  # round 0: no final before it
+    d = SaveDir(scan(tmp_path), IterationMapping(steps_per_round=20), round=2)
+    decided = retention(d, Moment.PRESSURE, trainer_running=True)
+    assert [c.iteration for c in decided.doomed] == [20, 45, 50]
+    delete_checkpoints(decided.doomed, save_dir=tmp_path)
+    assert [c.iteration for c in scan(tmp_path).checkpoints] == [40, 55]
 
 
 def test_outage_rollback_deletes_what_followed_the_witness_and_repoints_the_tracker(tmp_path: Path) -> None:
-    """roll_back_to(witnessed): complete saves after the witnessed one go, the tracker names the
-    witnessed one; with nothing witnessed, every save goes and the tracker is set aside."""
+    """The outage rollback carried out on a real save dir: complete saves after the witnessed one
+    go, the tracker names the witnessed one; with nothing witnessed, every save goes and the
+    tracker is set aside."""
     for n in (20, 40, 60):
         save(tmp_path, n)
-    done = roll_back_to(tmp_path, 40, now=1000.0)
-    assert (done.deleted, done.resume) == ((60,), 40)
-    assert read_tracker(tmp_path).iteration == 40 and not iter_dir(tmp_path, 60).exists()
-    done = roll_back_to(tmp_path, None, now=1000.0)
-    assert (done.deleted, done.resume) == ((20, 40), None)
+    m = IterationMapping(steps_per_round=20)
+    for witnessed, gone, tracker in ((40, (60,), 40), (None, (20, 40), None)):
+        done = outage_rollback(SaveDir(scan(tmp_path), m, round=2, witness=Witness(witnessed, outage=True)))
+        assert done is not None and tuple(c.iteration for c in done.delete) == gone and done.tracker == tracker
+        delete_checkpoints(done.delete, save_dir=tmp_path)
+        point_tracker(tmp_path, done.tracker, set_aside_as="rolled-back-1000")
+    assert not iter_dir(tmp_path, 60).exists() and not iter_dir(tmp_path, 20).exists()
     assert not (tmp_path / TRACKER_NAME).exists() and (tmp_path / f"{TRACKER_NAME}.rolled-back-1000").exists()
 
 
@@ -501,7 +500,7 @@ def test_delete_frees_bytes_and_logs(tmp_path: Path) -> None:
         save(tmp_path, n)
     write_files(tmp_path, 80, ("__0_0.distcp",))
     s = scan(tmp_path)
-    plan = retention_plan(s, keep_iterations={40}, trainer_running=False)
+    plan = [c for c in s.checkpoints if c.iteration in (20, 80)]
     with capture_logs() as logs:
         freed = delete_checkpoints(plan, save_dir=tmp_path)
     assert freed == sum(c.bytes for c in plan) > 0
@@ -589,7 +588,7 @@ def test_retention_never_deletes_resume_export_or_kept(
             if r > 0:
                 keep.add(m.end_iteration(r - 1))  # the previous round's final = the export's
             before = {c.iteration for c in s.checkpoints}
-            plan = retention_plan(s, keep_iterations=keep, trainer_running=running)
+            plan = retention(SaveDir(s, m, r), Moment.PRESSURE, trainer_running=running).doomed
             proposed = {c.iteration for c in plan}
             assert latest.iteration not in proposed
             assert not proposed & keep

@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, read_tracker, scan
-from shoprld.daemon.foundation.retention import delete_checkpoints, retention_plan
+from shoprld.daemon.foundation.checkpoints import IterationMapping
+from shoprld.daemon.foundation.retention import delete_checkpoints
+from shoprld.daemon.round.resume import Moment, SaveDir, retention
 
 NAMES = st.one_of(
     st.integers(0, 60).map(lambda n: f"iter_{n:07d}"),
@@ -128,7 +130,8 @@ def test_hostile_trees_never_raise_and_never_reach_outside(tree: list[tuple[str,
             assert (c.path / "metadata.json").is_file() and (c.path / ".metadata").exists()
             assert t.iteration is not None and c.iteration <= t.iteration
         latest = s.latest_complete
-        delete_checkpoints(retention_plan(s, keep_iterations=(), trainer_running=False), save_dir=save)
+        doomed = retention(SaveDir(s, IterationMapping(10), round=9), Moment.ROUND_END).doomed
+        delete_checkpoints(doomed, save_dir=save)
 
         assert _digest(outside) == before
         if latest is not None:

@@ -182,3 +182,41 @@ def test_every_iteration_name_is_megatrons(tmp_path: Path) -> None:
     assert ckpt.iter_name(8) == "iter_0000008" == rv.plan.weight_version == rv.plan.checkpoint_dir.name
     assert rv.values["checkpoint_dir"] == str(layout.save_dir / "iter_0000008")
     assert rv.values["weight_version"] == "iter_0000008"
+
+
+def test_the_plan_owns_the_window_and_names_every_record(tmp_path: Path) -> None:
+    """The round trains (previous end, its end]; each record has one path, and a kind that is not
+    a record is refused rather than built by hand."""
+    cfg = make_cfg(tmp_path)
+    lay = Layout.from_config(cfg, environ={})
+    plan = RoundPlan(cfg, lay, 1)
+    assert (plan.start_iteration, plan.end_iteration) == (2, 4)
+    assert RoundPlan(cfg, lay, 0).start_iteration == 0
+    assert plan.export_record == lay.artifacts / "export" / "round-001.json"
+    assert plan.sidecar_record.parent.name == "sidecar" and plan.round_record.parent.name == "round"
+    assert plan.saves_record.parent.name == "saves"
+    with pytest.raises(ValueError, match="unknown record kind 'exports'"):
+        plan.record_path("exports")
+
+
+def test_save_dir_facts_reads_one_scan_the_witness_and_the_exports(tmp_path: Path) -> None:
+    """What round/resume.py decides from: the scan, the witness as written, and the end saves
+    whose round has an EXPORT_HF record (round 0's here, not round 1's)."""
+    from tests.unit.test_checkpoints import save
+
+    cfg = make_cfg(tmp_path)
+    lay = Layout.from_config(cfg, environ={})
+    plan = RoundPlan(cfg, lay, 1)
+    for n in (2, 3, 4):
+        save(lay.save_dir, n)
+    write_record(plan, "export", "round-000", {"iteration": 2})
+    facts = plan.save_dir_facts()
+    assert facts.witness is None and facts.exported == {2}
+    assert facts.resume_point is not None and facts.resume_point.iteration == 4
+    lay.state_dir.mkdir(parents=True, exist_ok=True)
+    lay.shopsim_witness.write_text('{"iteration": 3, "outage": true}')
+    witness = plan.save_dir_facts().witness
+    assert witness is not None and (witness.iteration, witness.outage) == (3, True)
+    lay.shopsim_witness.write_text("{torn")
+    witness = plan.save_dir_facts().witness
+    assert witness is not None and not witness.readable and not witness.vouches(0)

@@ -17,12 +17,14 @@ from hypothesis import strategies as st
 from shoprld.daemon.round import saves
 from shoprld.daemon.ops.check import run_check
 from shoprld.daemon.foundation.checkpoints import IterationMapping, scan
-from shoprld.daemon.foundation.retention import keep_while_training, retention_plan
+from shoprld.daemon.round.plan import read_witness
+from shoprld.daemon.round.resume import Moment, SaveDir, Witness, retention
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
 from tests.demotree import make_tree
 from tests.unit.test_checkpoints import save as megatron_save
+from tests.unit.test_checkpoints import write_tracker
 
 SEED = SavesSection(mode="adaptive")  # the seed's guesses: 3 min saves, 850 s steps, 2 faults in 25 h
 seconds = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False, allow_infinity=False)
@@ -217,32 +219,35 @@ def test_save_timings_reads_slimes_timer_line_and_the_smoke_trainers() -> None:
 
 
 # -- retention while a round trains ----------------------------------------------------------------
+def _training(tmp_path: Path, round_index: int, witness: Witness | None = None, keep_finals: int = 1) -> list[int]:
+    d = SaveDir(scan(tmp_path), IterationMapping(20), round_index, witness)
+    return sorted(retention(d, Moment.TRAINING, keep_finals=keep_finals).keep & {c.iteration for c in d.scan.checkpoints})
+
+
 def test_a_new_save_supersedes_the_rounds_older_saves_but_never_the_finals(tmp_path: Path) -> None:
     """Round 1 with saves at 25 and 31: 25 goes, 31 (the resume point) and round 0's final 20 stay."""
-    m = IterationMapping(20)
     for n in (20, 25, 31):
         megatron_save(tmp_path, n)
-    s = scan(tmp_path)
-    assert keep_while_training(s, m, 1) == {20, 31}
-    assert [c.iteration for c in retention_plan(s, keep_iterations=keep_while_training(s, m, 1),
-                                                trainer_running=True)] == [25]
-    assert keep_while_training(s, m, 2) == {20, 25, 31}  # nothing of round 2 yet: nothing superseded
+    unvouched = Witness(25)
+    assert _training(tmp_path, 1, unvouched) == [20, 31]
+    d = SaveDir(scan(tmp_path), IterationMapping(20), 1, unvouched)
+    assert [c.iteration for c in retention(d, Moment.TRAINING).doomed] == [25]
+    assert _training(tmp_path, 2, unvouched) == [20, 25, 31]  # nothing of round 2 yet: nothing superseded
 
 
 def test_a_vouched_save_supersedes_the_oldest_final_too(tmp_path: Path) -> None:
     """Issue 25: once ShopSim vouched for round 1's save 31, round 0's final 20 goes (keep_finals=1),
     so the disk holds one checkpoint between saves; unvouched, 20 stays for a rollback. With
     keep_finals=2 the newest older final stays beside the save."""
-    m = IterationMapping(20)
     for n in (20, 25, 31):
         megatron_save(tmp_path, n)
-    s = scan(tmp_path)
-    assert keep_while_training(s, m, 1, keep_finals=1, vouched=lambda i: i <= 31) == {31}
-    assert keep_while_training(s, m, 1, keep_finals=1, vouched=lambda i: i <= 25) == {20, 31}
-    assert keep_while_training(s, m, 1, keep_finals=2, vouched=lambda i: True) == {20, 31}
+    assert _training(tmp_path, 1, Witness(31)) == [31]
+    assert _training(tmp_path, 1, Witness(25)) == [20, 31]
+    assert _training(tmp_path, 1, Witness(31), keep_finals=2) == [20, 31]
     for n in (1, 10):
         megatron_save(tmp_path, n)
-    assert keep_while_training(scan(tmp_path), m, 1, keep_finals=2, vouched=lambda i: True) == {20, 31}
+    write_tracker(tmp_path, "31")  # older finals saved late: the tracker still names 31
+    assert _training(tmp_path, 1, Witness(99), keep_finals=2) == [20, 31]
 
 
 @pytest.mark.parametrize(("witness", "expected"), [
@@ -254,10 +259,11 @@ def test_a_vouched_save_supersedes_the_oldest_final_too(tmp_path: Path) -> None:
 ])
 def test_vouched_reads_the_witness_conservatively(tmp_path: Path, witness: str | None, expected: bool) -> None:
     """Only a well-formed, outage-free witness at or past the save vouches for it."""
-    layout = SimpleNamespace(shopsim_witness=tmp_path / "shopsim.witness")
+    path = tmp_path / "shopsim.witness"
     if witness is not None:
-        layout.shopsim_witness.write_text(witness)
-    assert saves.vouched(layout, 31) is expected  # type: ignore[arg-type]
+        path.write_text(witness)
+    d = SaveDir(scan(tmp_path), IterationMapping(20), 1, read_witness(path))
+    assert d.vouched(31) is expected
 
 
 # -- the launch, end to end on a demo tree ---------------------------------------------------------
