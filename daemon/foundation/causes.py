@@ -203,6 +203,8 @@ def classify(*, exit_status: int | None, log_tail: str, stalled: bool = False, k
         return Cause(KILLED, f"killed by {signal_name(sig)} (exit status {exit_status})",
                      why or "see the bundle's log tail")
     what = "no exit status" if exit_status is None else f"exit status {exit_status}"
+    if log_tail.strip():  # the child's own last words are the best line there is
+        what += f"; its last line: {_last_line(log_tail)}"
     return Cause(UNKNOWN, what, "see the bundle's log tail")
 
 

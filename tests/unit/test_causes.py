@@ -97,7 +97,9 @@ def test_gpu_xid_comes_from_the_kernel_log() -> None:
 def test_unknown_says_the_exit_status_and_a_stall_says_it_stalled() -> None:
     """Nothing recognisable: unknown, with the exit status; a stall is `stall`, stopped by us,
     whatever the exit status of that stop (0 for a trainer that handles SIGTERM)."""
-    assert classify(exit_status=3, log_tail="rollout 4/20\n").detail == "exit status 3"
+    assert classify(exit_status=3, log_tail="").detail == "exit status 3"
+    assert classify(exit_status=1, log_tail="rollout 4/20\n[demo fault] crashing at rollout 5\n\n").detail == \
+        "exit status 1; its last line: [demo fault] crashing at rollout 5"
     stall = classify(exit_status=0, log_tail="rollout 4/20\n", stalled=True)
     assert stall.name == causes.STALL and "stopped by shoprld" in stall.detail and "rollout 4/20" in stall.detail
     tail = "Traceback (most recent call last):\n  File \"w.py\", line 1\nKeyError: 'rho'\nrollout 4/20\n"
