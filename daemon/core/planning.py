@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shoprld.daemon.foundation.status import round_label
-from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
+from shoprld.daemon.foundation.units import human_bytes, human_duration, round_label
 
 EVENT = "plan.next_round_wont_fit"
 
@@ -53,11 +52,11 @@ class Plan:
         nxt = round_label(self.next_round, self.rounds)
         if self.fits_deadline is False:
             out.append(("deadline", f"{nxt} will not fit before the deadline (a round takes "
-                                    f"~{fmt_duration(self.median_round_seconds)}); the campaign will stop "
+                                    f"~{human_duration(self.median_round_seconds)}); the campaign will stop "
                                     "after this round; fix: extend campaign.deadline to let it run"))
         if self.fits_disk is False:
-            out.append(("disk", f"{nxt} will not fit on the disk: it needs {fmt_bytes(self.disk_need_bytes)} "
-                                f"above the hard limit, {fmt_bytes(self.disk_room_bytes)} is left; fix: free "
+            out.append(("disk", f"{nxt} will not fit on the disk: it needs {human_bytes(self.disk_need_bytes)} "
+                                f"above the hard limit, {human_bytes(self.disk_room_bytes)} is left; fix: free "
                                 "space on the volume before this round ends"))
         return out
 

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoprld.daemon.foundation.disk import DISK_FULL_ERRNOS, human_bytes, sample
+from shoprld.daemon.foundation.disk import DISK_FULL_ERRNOS, sample
+from shoprld.daemon.foundation.units import human_bytes
 
 __all__ = ["PreflightProblem", "df_summary", "preflight"]
 

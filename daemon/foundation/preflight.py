@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import disk, diskbudget, diskcheck
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.outputs import Protected, campaign_files, resolve_output, write_output

@@ -30,7 +30,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import identity
 from shoprld.daemon.ops.campaignexport import BUNDLE_FORMAT, BUNDLE_TOP, SMALL_SUFFIXES
 from shoprld.daemon.foundation.config import PATH_KEYS, Config, config_from_dict
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import COLUMNS, format_rows, parse_rows

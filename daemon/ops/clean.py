@@ -40,7 +40,7 @@ from typing import TextIO
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout

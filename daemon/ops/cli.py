@@ -261,7 +261,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.statusview import run_status  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.statuscmd import run_status  # lazy: the status path stays on the stdlib
 
     return run_status(Path(args.config), as_json=args.json, watch=args.watch, interval=args.interval)
 
@@ -274,7 +274,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.ledger import print_ledger  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.ledgercmd import print_ledger  # lazy: the status path stays on the stdlib
 
     return print_ledger(Path(args.config), as_json=args.json)
 

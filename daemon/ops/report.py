@@ -52,7 +52,7 @@ from shoprld.daemon.foundation.outputs import campaign_files, resolve_output, wr
 from shoprld.daemon.foundation.paths import quick_read
 from shoprld.daemon.foundation.secrets import load_secrets
 from shoprld.daemon.foundation.status import collect
-from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
+from shoprld.daemon.foundation.units import human_bytes, human_duration
 
 INSTALL_HINT = "pip install 'shoprld[report]'"
 FINAL = ("DONE", "STOPPED", "FAILED", "PAUSED_DISK")
@@ -505,11 +505,11 @@ def render(d: ReportData) -> str:
             parts.append('<section id="rounds"><h2>Rounds</h2>' + _table(
                 ["round", "val", "metric", "gate", "branch", "duration"],
                 [(f"round-{r.get('round', 0):03d}", r.get("val"), r.get("metric_name"), r.get("gate"),
-                  r.get("branch"), fmt_duration(_num(r.get("duration_seconds")))) for r in d.rounds_done])
+                  r.get("branch"), human_duration(_num(r.get("duration_seconds")))) for r in d.rounds_done])
                 + "</section>")
     parts.append('<section id="checkpoints"><h2>Checkpoint saves</h2>' + (_table(
         ["when", "round", "iteration", "size", "commit latency"],
-        [(_when(c["t"]), f"round-{c['round']:03d}", c["iteration"], fmt_bytes(_num(c["bytes"])),
+        [(_when(c["t"]), f"round-{c['round']:03d}", c["iteration"], human_bytes(_num(c["bytes"])),
           f"{c['latency_ms']:.0f} ms" if _num(c.get("latency_ms")) is not None else "") for c in d.checkpoints])
         if d.checkpoints else "<p class=dim>none journaled yet</p>") + "</section>")
     if d.ledger:

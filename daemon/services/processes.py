@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 from anyio.abc import Process
 
+from shoprld.daemon.foundation.proctable import environ, pids
 from shoprld.daemon.foundation.roles import ChildRole
 
 if TYPE_CHECKING:
@@ -44,15 +45,9 @@ def tagged_pids(tag: str) -> list[int]:
         return []
     want = f"{CHILD_TAG}={tag}".encode()
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry.name}/environ").read_bytes()
-        except OSError:
-            continue
-        if want in env.split(b"\0") and proc_start_ticks(int(entry.name)) is not None:
-            found.append(int(entry.name))
+    for pid in pids():
+        if want in environ(pid) and proc_start_ticks(pid) is not None:
+            found.append(pid)
     return found
 
 

@@ -60,6 +60,7 @@ from typing import Any
 
 import anyio
 
+from shoprld.daemon.foundation.proctable import session_pids
 from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
@@ -170,19 +171,6 @@ def ray_tmpdir(layout: Layout) -> Path:
                           "short RAY_TMPDIR link) and rerun")
     link.symlink_to(target, target_is_directory=True)
     return link
-
-
-def session_pids(sid: int) -> list[int]:
-    """Every pid whose session id is ``sid`` (a Ray head started with start_new_session)."""
-    out: list[int] = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
 
 
 async def stop_session(sid: int, grace: float = 10.0) -> None:
@@ -493,5 +481,5 @@ def build_launcher(cfg: Config, layout: Layout) -> Launcher:
 
 __all__ = [
     "LIVE", "TERMINAL", "RayJobChild", "RayLauncher", "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir",
-    "ray_tmpdir_path", "session_pids", "stop_session",
+    "ray_tmpdir_path", "stop_session",
 ]
