@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.proctable import environ, pids
 from shoprld.daemon.round.plan import RoundValues
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
@@ -167,17 +168,13 @@ def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:
     """Session leaders whose ``SHOPRLD_CHILD`` starts with ``tag_prefix``, by role (the rest of the tag)."""
     want = f"{CHILD_TAG}={tag_prefix}".encode()
     found: dict[str, ChildRecord] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid in pids():
         try:
             if os.getsid(pid) != pid:
                 continue
-            env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        for item in env.split(b"\0"):
+        for item in environ(pid):
             if item.startswith(want):
                 role = item[len(want):].decode(errors="replace")
                 found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],
