@@ -200,6 +200,11 @@ class Ending:
     fits: bool = True  # "disk_soft" only: one more checkpoint still lands above the hard limit
 
 
+#: What ``shoprld stop`` may ask for: stop now, at the next checkpoint, or after the round.
+StopMode = Literal["now", "checkpoint", "round"]
+STOP_MODES: tuple[StopMode, ...] = ("now", "checkpoint", "round")
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """The state's ``retries`` and ``backoff`` (its ProcessSpec)."""
@@ -317,7 +322,7 @@ class Decision:
     counters: Counters
 
 
-def decide(state: State, outcome: Ending, counters: Counters, stop_mode: str | None, deadline: Deadline,
+def decide(state: State, outcome: Ending, counters: Counters, stop_mode: StopMode | None, deadline: Deadline,
            retry: RetryPolicy) -> Decision:
     """The machine's answer to ``outcome`` in ``state``; pure (no I/O, no clock).
 
