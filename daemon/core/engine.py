@@ -53,12 +53,12 @@ from shoprld.daemon.core.events import (CheckpointCommitted, DiskLevelChanged, E
                                         SignalReceived, StageOutcome, StopRequested, TaskFailed)
 from shoprld.daemon.foundation.logs import add_file_handler
 from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.round.machine import (RETRY, WORKING_STATES, Counters, Deadline, Decision, Ending, Enter, Exit,
-                                         Fail, Finish, Machine, Park, Retry, RetryPolicy, State, Stop, decide)
+from shoprld.daemon.round.machine import (END_ACTIONS, RETRY, WORKING_STATES, Counters, Deadline, Decision, Enter,
+                                         Exit, Machine, Occurrence, Retry, RetryPolicy, State, decide)
 from shoprld.daemon.core.metrics import HEARTBEAT_S as METRICS_HEARTBEAT_S, TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.progress import Progress
-from shoprld.daemon.core.reactions import Reactions, StopRequest
+from shoprld.daemon.core.reactions import Reactions
 from shoprld.daemon.core.shutdown import Shutdown
 from shoprld.daemon.core.snapshot import Live, Snapshot
 from shoprld.daemon.services.processes import Launcher
@@ -104,7 +104,6 @@ class Engine:
         self.send, self.recv = anyio.create_memory_object_stream[Event](256)
         self.shopsim = ShopsimService(witness=layout.shopsim_witness)
         self.val_server = ValServerService()
-        self.stop = StopRequest()
         self.stage = stages.RunningStage()
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
@@ -126,7 +125,7 @@ class Engine:
         self.progress = Progress(self.view, layout=layout, clock=self.clock, notifier=self.notifier,
                                  attempts=self.attempts)
         self.reactions = Reactions(self.view, layout=layout, machine=self.machine, disk=self.disk,
-                                   notifier=self.notifier, stop=self.stop, shopsim=self.shopsim)
+                                   notifier=self.notifier, shopsim=self.shopsim)
         self.ending = Shutdown(self.view, layout=layout, disk=self.disk, notifier=self.notifier, clock=self.clock,
                                children=self.kids, stage=self.stage, wait_for_space=wait_for_space)
 
@@ -352,13 +351,13 @@ class Engine:
                 return await self._end(Decision(state, None, Exit(message, EXIT_BUG), self.counters), state)
         return None
 
-    async def _apply_if(self, ending: Ending | None) -> int | None:
+    async def _apply_if(self, ending: Occurrence | None) -> int | None:
         return None if ending is None else await self._apply(self.machine.state, ending)
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
             await self.progress.attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
-            return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
+            return await self._apply(state, Occurrence("error", str(outcome), exit_code=outcome.exit_code))
         if outcome.data.get("tool_failed") and outcome.kind in ("done", "gate_stop"):
             # A tool crashed but its stage goes on (the gate's policy): still a bundle and a page.
             await self.progress.tool_failed(state, attempt, outcome)
@@ -376,7 +375,7 @@ class Engine:
             self.progress.recovered(state)
             if state is State.NEXT_ROUND:
                 self._round_finished(outcome.data.get("records"))
-            return await self._apply(state, Ending("done", outcome.message))
+            return await self._apply(state, Occurrence("done", outcome.message))
         cause = await self.progress.attempt_failed(state, attempt, outcome) \
             if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
@@ -384,19 +383,19 @@ class Engine:
                 self.view.alert("stalled", outcome.message)
                 self.view.snap["warnings"] = [f"stall: {outcome.message}"]
             self.view.snap["last_error"] = outcome.message
-        return await self._apply(state, Ending(outcome.kind, outcome.message, cause=cause,
+        return await self._apply(state, Occurrence(outcome.kind, outcome.message, cause=cause,
                                                progressed=bool(outcome.data.get("progressed"))))
 
-    def _decide(self, state: State, ending: Ending) -> Decision:
+    def _decide(self, state: State, ending: Occurrence) -> Decision:
         """Ask the machine (machine.decide) what ``ending`` in ``state`` leads to."""
         if state is State.START_SHOPSIM and ending.kind in ("done", "skipped"):
             self._reconcile()  # the disk says which round is next; the machine decides the rest
         deadline = Deadline.of(self.state_data.get("deadline"), list(self.state_data["round_durations"].values()),
                                self.clock.time())
         spec = stages.spec_for(self.cfg, state)
-        return decide(state, ending, self.counters, self.stop.mode, deadline, RetryPolicy(spec.retries, spec.backoff))
+        return decide(state, ending, self.counters, self.live.stop_mode, deadline, RetryPolicy(spec.retries, spec.backoff))
 
-    async def _apply(self, state: State, ending: Ending) -> int | None:
+    async def _apply(self, state: State, ending: Occurrence) -> int | None:
         """Carry out the machine's decision: enter the next state (skipping what is on disk),
         retry after the backoff, or end through :meth:`shutdown`."""
         d = self._decide(state, ending)
@@ -418,8 +417,8 @@ class Engine:
             log.info("stage.skipped", state=action.state.value, round=self.round)
             if action.state is State.NEXT_ROUND:
                 self._round_finished(None)
-            return await self._apply(action.state, Ending("skipped"))
-        if isinstance(action, (Park, Stop, Fail, Finish, Exit)):
+            return await self._apply(action.state, Occurrence("skipped"))
+        if isinstance(action, END_ACTIONS):
             return await self._end(d, state)
         return None  # Stay
 
@@ -469,7 +468,7 @@ class Engine:
         return base.RoundContext(
             plan=plan, launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
             val_server=self.val_server, emit=self.progress.emit, register_child=self.kids.register,
-            unregister_child=self.kids.unregister, find_child=self.kids.find, stop=self.stop,
+            unregister_child=self.kids.unregister, find_child=self.kids.find,
             attempt=self.attempt if attempt is None else attempt,
         )
 
@@ -491,7 +490,7 @@ class Engine:
             self._reload()
             return None
         log.info("daemon.signal", signal=signal.Signals(signum).name)
-        return await self._apply(self.machine.state, Ending("stop"))
+        return await self._apply(self.machine.state, Occurrence("stop"))
 
     def _reload(self) -> None:
         """SIGHUP: the campaign file and .env, judged as at start (sources.reloaded), applied

@@ -3,7 +3,7 @@ stop request (and the flags the stages read), a committed checkpoint, a disk lev
 the repo hygiene scan's findings.
 
 Each records what happened in the engine's view (daemon/core/snapshot.py: the journal line,
-status) and returns what it means for the machine, an :class:`Ending` (or None: nothing),
+status) and returns what it means for the machine, an :class:`Occurrence` (or None: nothing),
 which the engine hands to ``machine.decide`` and carries out. On disk: a committed
 checkpoint lets ``saves.py`` prune the round's older save; a soft or hard disk level
 reclaims what this campaign may (``diskwatch.reclaim``). The hygiene findings only show.
@@ -18,7 +18,7 @@ import structlog
 from shoprld.daemon.foundation import disk as diskmod
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.round import saves
-from shoprld.daemon.round.machine import WORKING_STATES, Ending, Machine, State, StopMode
+from shoprld.daemon.round.machine import WORKING_STATES, Occurrence, Machine, State, StopMode
 from shoprld.daemon.services.shopsim import ShopsimService
 from shoprld.daemon.core.diskwatch import DiskWatch, reclaim
 from shoprld.daemon.core.events import CheckpointCommitted, DiskLevelChanged
@@ -28,38 +28,26 @@ from shoprld.daemon.core.snapshot import Snapshot
 log = structlog.get_logger("shoprld.engine")
 
 
-class StopRequest:
-    """The operator's stop request as the stages read it (the StopFlags protocol)."""
-
-    def __init__(self) -> None:
-        self.mode: StopMode | None = None
-        self.reason: str = "requested"
-
-    @property
-    def at_checkpoint(self) -> bool:
-        return self.mode == "checkpoint"
-
-
 class Reactions:
-    """What an event means for the campaign: an :class:`Ending` for ``machine.decide``, or None.
+    """What an event means for the campaign: an :class:`Occurrence` for ``machine.decide``, or None.
     The config and the round are read from ``view.live`` at each use."""
 
     def __init__(self, view: Snapshot, *, layout: Layout, machine: Machine, disk: DiskWatch, notifier: Notifier,
-                 stop: StopRequest, shopsim: ShopsimService) -> None:
+                 shopsim: ShopsimService) -> None:
         self.view, self.live, self.layout, self.machine = view, view.live, layout, machine
-        self.disk, self.notifier, self.stop, self.shopsim = disk, notifier, stop, shopsim
+        self.disk, self.notifier, self.shopsim = disk, notifier, shopsim
 
-    def stop_requested(self, mode: StopMode) -> Ending | None:
+    def stop_requested(self, mode: StopMode) -> Occurrence | None:
         """``shoprld stop``: now, or at the next checkpoint, or after the round (``decide`` reads the mode)."""
         self.view.journal("stop.requested", mode=mode)
         if mode == "now":
-            return Ending("stop")
-        self.stop.mode = mode
+            return Occurrence("stop")
+        self.live.stop_mode = mode  # decide() reads it at the next safe point
         if mode == "checkpoint" and self.machine.state is State.TRAIN:
             self.notifier.extend_timeout(self.live.cfg.train.stall_min)
         return None
 
-    def checkpoint(self, ev: CheckpointCommitted) -> Ending:
+    def checkpoint(self, ev: CheckpointCommitted) -> Occurrence:
         cfg = self.live.cfg
         self.view.snap["last_checkpoint"] = {"iteration": ev.iteration, "path": ev.path, "complete": True,
                                              "bytes": ev.bytes or 0, "committed_at": time.time()}
@@ -71,9 +59,9 @@ class Reactions:
             deleted, freed = saves.prune_superseded(cfg, self.layout, self.live.round)
             if deleted:
                 self.view.journal("retention.applied", deleted=deleted, bytes=freed, rule="newest save of the round")
-        return Ending("checkpoint")
+        return Occurrence("checkpoint")
 
-    def disk_level(self, ev: DiskLevelChanged, *, stopping: bool) -> Ending | None:
+    def disk_level(self, ev: DiskLevelChanged, *, stopping: bool) -> Occurrence | None:
         """The monitor's level change (disk.py's verdict): reclaim what this campaign may, ask
         the same guard whether that lifted the volume out of the level (same rule, same
         hysteresis), and say what the level means now."""
@@ -81,7 +69,7 @@ class Reactions:
         if self.machine.state not in WORKING_STATES or stopping:
             return None
         if ev.level is diskmod.Level.OK:
-            return Ending("disk_ok")
+            return Occurrence("disk_ok")
         cfg = self.live.cfg
         reclaim(cfg, self.layout, self.live.round, trainer_running=self.machine.state is State.TRAIN)
         verdict = self.disk.judge()
@@ -93,8 +81,8 @@ class Reactions:
         next_save = int(self.view.checkpoint_bytes() or cfg.disk.checkpoint_estimate)
         reason = verdict.park_reason(self.layout.ephemeral_root, ev.level)
         if ev.level is diskmod.Level.HARD:
-            return Ending("disk_hard", reason)
-        return Ending("disk_soft", reason, fits=verdict.fits(next_save))
+            return Occurrence("disk_hard", reason)
+        return Occurrence("disk_soft", reason, fits=verdict.fits(next_save))
 
     def park_waits(self) -> None:
         """After a decision: while a park waits for TRAIN's save, systemd gives the stop time."""

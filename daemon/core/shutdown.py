@@ -21,7 +21,7 @@ from shoprld.daemon.foundation import disk as diskmod
 from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.errors import EXIT_DISK, EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.round.machine import Decision, Exit, Fail, Finish, Park, State, Stop
+from shoprld.daemon.round.machine import END_ACTIONS, Decision, Exit, Fail, Finish, Park, State, Stop
 from shoprld.daemon.services.processes import Clock
 from shoprld.daemon.core.children import Children
 from shoprld.daemon.core.diskwatch import DiskWatch, reclaim
@@ -46,7 +46,7 @@ class Shutdown:
         """Carry out an ending decision made in ``src``. Returns the exit code, or None when a
         disk park with ``--wait-for-space`` went back to PREFLIGHT_DISK (its stage is the engine's to start)."""
         ending, cfg = d.action, self.live.cfg
-        assert isinstance(ending, (Park, Stop, Fail, Finish, Exit)), ending
+        assert isinstance(ending, END_ACTIONS), ending
         # 1. Stop taking work: no stage may start or finish from now on.
         if isinstance(ending, Stop):
             self.notifier.stopping()

@@ -34,7 +34,7 @@ from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.metrics import TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.planning import Plan, make_plan
-from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Counters, Machine, State
+from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Counters, Machine, State, StopMode
 from shoprld.daemon.services.processes import Child, Clock
 from shoprld.daemon.services.shopsim import ShopsimService
 
@@ -43,12 +43,14 @@ log = structlog.get_logger("shoprld.engine")
 
 @dataclass
 class Live:
-    """What changes while the daemon runs: the config (a SIGHUP replaces it) and the machine's
-    counters (every decision replaces them; the round and the one restart count are in them).
-    The engine alone assigns both; its collaborators hold this object and read it at each use."""
+    """What changes while the daemon runs: the config (a SIGHUP replaces it), the machine's
+    counters (every decision replaces them; the round and the one restart count are in them)
+    and the operator's pending stop (``shoprld stop --at-checkpoint``/``--after-round``).
+    Only the engine and its reactions assign them; the collaborators read them at each use."""
 
     cfg: Config
     counters: Counters
+    stop_mode: StopMode | None = None
 
     @property
     def round(self) -> int:
