@@ -33,7 +33,7 @@ from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.metrics import TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
-from shoprld.daemon.core.planning import Plan, make_plan
+from shoprld.daemon.core.outlook import Outlook, make_outlook
 from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Counters, Machine, State, StopMode
 from shoprld.daemon.services.processes import Child, Clock
 from shoprld.daemon.services.shopsim import ShopsimService
@@ -212,7 +212,7 @@ class Snapshot:
         if served is not None and served != cfg.shopsim.slots:
             warnings.append(f"shopsim at {cfg.shopsim.url} has {served} slots but shopsim.slots = "
                             f"{cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
-        plan = self.plan()
+        plan = self.outlook()
         warnings += [line for _, line in plan.problems()]
         last = self.snap.get("last_checkpoint") if isinstance(self.snap.get("last_checkpoint"), dict) else {}
         unsaved = unsaved_progress(state=self.machine.state.value, round_index=self.live.round,
@@ -252,13 +252,13 @@ class Snapshot:
         if self.metrics is not None:
             self.metrics.write(self.redactor.obj(doc), self.counters_doc())
 
-    def plan(self) -> Plan:
-        """The rest of the campaign (daemon/core/planning.py), from what the engine already knows."""
+    def outlook(self) -> Outlook:
+        """The rest of the campaign (daemon/core/outlook.py), from what the engine already knows."""
         cfg = self.live.cfg
         disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
         last = self.snap.get("last_checkpoint") or {}
         in_round = self.machine.state in ROUND_STATES
-        return make_plan(
+        return make_outlook(
             rounds=cfg.campaign.rounds, current=self.live.round,
             durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
             round_started_at=self.round_started_at, now=self.clock.time(),
@@ -280,7 +280,7 @@ class Snapshot:
 
     def _warn_plan(self) -> None:
         """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
-        for reason, line in self.plan().problems():
+        for reason, line in self.outlook().problems():
             if (self.live.round, reason) in self._plan_warned:
                 continue
             self._plan_warned.add((self.live.round, reason))

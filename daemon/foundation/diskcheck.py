@@ -51,7 +51,7 @@ class PreflightProblem:
         return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def preflight(
+def check_volume(
     *,
     ephemeral_root: Path,
     repo: Path,

@@ -81,7 +81,7 @@ def need_line(cfg: Config, b: diskbudget.Budget) -> str:
             f"hard limit {human_bytes(b.limits.hard_bytes)})")
 
 
-def preflight_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightProblem]:
+def volume_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightProblem]:
     heavy = layout.heavy_paths(cfg)
     link = layout.project_root / "runs"
     if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
@@ -97,7 +97,7 @@ def preflight_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightP
             # Refused: a first save that would cross the hard floor (the round could not end).
             # Less than an unattended run needs is `check`'s warning and the guard's park.
             need_bytes = b.next_save_bytes + b.limits.hard_bytes
-    return diskcheck.preflight(
+    return diskcheck.check_volume(
         ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
         need_bytes=need_bytes, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
         forbid_same_fs=cfg.disk.forbid_same_fs,

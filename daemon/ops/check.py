@@ -27,7 +27,7 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.core.metrics import extras_problem, textfile_problem
 from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
-from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, volume_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.round.saves import describe as describe_saves
 from shoprld.daemon.round.saves import plan as plan_saves
@@ -57,7 +57,7 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
                     textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))):
         if missing:
             problems.append(missing)
-    problems.extend(p.line() for p in preflight_problems(cfg, layout))
+    problems.extend(p.line() for p in volume_problems(cfg, layout))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))
     # The analyst's config is a file of the project, there before any round: judge it now.
