@@ -545,15 +545,8 @@ class Engine:
                              self.view.disk_sampled, self.send)
             self._background("ShopSim supervisor", self.shopsim.supervise, self._ctx)
 
-    # The view's writers under the names the engine's own code (and tests) call.
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         self.view.journal(event, sync=sync, **fields)
-
-    def _persist(self) -> None:
-        self.view.persist()
-
-    def _state_doc(self) -> dict[str, Any]:
-        return self.view.state_doc()
 
 
 def _metrics(cfg: Config, layout: Layout) -> TextfileMetrics | None:

@@ -1,4 +1,4 @@
-"""The campaign's outlook: its ETA, and whether the next round fits (issue 18, item 6).
+"""The campaign's outlook: its ETA, and whether the next round fits (issue 18).
 
 Pure: the engine hands in numbers it already has (the finished rounds' durations, the
 current round's start, the deadline, the last disk sample, the forecast from

@@ -1,4 +1,4 @@
-"""The terminal view of ``shoprld run`` and ``shoprld demo``, for a person (issue 18, item 7).
+"""The terminal view of ``shoprld run`` and ``shoprld demo``, for a person (issue 18).
 
 Three outputs, picked by :func:`terminal_mode`:
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from shoprld.daemon.foundation.disk import DISK_FULL_ERRNOS, sample
 from shoprld.daemon.foundation.units import human_bytes
 
-__all__ = ["PreflightProblem", "df_summary", "preflight"]
+__all__ = ["PreflightProblem", "df_summary", "check_volume"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -336,11 +336,6 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
                     warnings=tuple(warnings))
 
 
-def render_unit(config_path: str | os.PathLike[str], *, user: bool) -> str:
-    """The ``shoprld@.service`` text for this machine's paths and this campaign file."""
-    return render(config_path, user=user).text
-
-
 def unit_path(user: bool, environ: Mapping[str, str] = os.environ) -> Path:
     if user:
         base = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".config")

@@ -35,7 +35,6 @@ from shoprld.daemon.foundation.roles import ChildRole
 if TYPE_CHECKING:
     from shoprld.daemon.round.plan import RoundValues
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 CHILD_TAG = "SHOPRLD_CHILD"
 
 
@@ -285,18 +284,3 @@ async def wait_port_free(host: str, port: int, timeout: float) -> bool:
     return False
 
 
-def uptime_s(record: ChildRecord) -> float:
-    return max(0.0, time.time() - record.started_at)
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def start_epoch(pid: int) -> float | None:
-    """The wall-clock start of ``pid`` (for "no two trainers at once" evidence)."""
-    ticks = proc_start_ticks(pid)
-    return None if ticks is None else _boot_time() + ticks / _CLK_TCK

@@ -28,7 +28,7 @@ Records: a job's :class:`ChildRecord` has ``pid = pgid = 0`` (no local process s
 it) and ``job_id`` = the submission id. :class:`RayJobChild` overrides every method that
 would signal a process group, so pgid 0 (which ``os.killpg`` reads as "my own group") is
 never signalled. The engine must keep a record whose ``job_id`` is set even though its pid
-is not alive (see the lead's diff for ``Engine._load``); without it, :meth:`start`'s re-attach
+is not alive (``Children.find_left`` does); without it, :meth:`start`'s re-attach
 still prevents a second job.
 
 Secrets: Ray runs the entrypoint through a shell, so every argv element is ``shlex.quote``d.
