@@ -238,7 +238,7 @@ def cmd_notify_crashed(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.templates import write_template  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.initcmd import write_template  # lazy: the status path stays on the stdlib
 
     path = Path(args.path)
     write_template(path, force=args.force)

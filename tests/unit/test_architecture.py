@@ -79,7 +79,7 @@ LOCAL_IMPORTS = {
     (_CLI, "shoprld.daemon.ops.check"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.rehearse"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.notifytest"): _CLI_WHY,
-    (_CLI, "shoprld.daemon.foundation.templates"): _CLI_WHY,
+    (_CLI, "shoprld.daemon.ops.initcmd"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.run"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.demo"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.statuscmd"): _CLI_WHY,
