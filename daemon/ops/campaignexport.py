@@ -44,8 +44,8 @@ from shoprld.daemon.ops.oneshot import (
     open_campaign,
     read_json,
     refuse_if_running,
-    tree_bytes,
 )
+from shoprld.daemon.foundation.paths import tree_bytes
 from shoprld.daemon.ops.record import envinfo_doc, git_doc
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
 from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE

@@ -52,8 +52,8 @@ from shoprld.daemon.ops.oneshot import (
     read_json,
     refuse_if_running,
     strictly_inside,
-    tree_bytes,
 )
+from shoprld.daemon.foundation.paths import tree_bytes
 from shoprld.daemon.ops.record import record_dir, write_record
 from shoprld.daemon.foundation.secrets import RedactingStream, Secrets
 from shoprld.daemon.foundation.store import STATE_FILE, atomic_write
