@@ -22,7 +22,7 @@ from shoprld.daemon.foundation.errors import EXIT_GATE, EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.secrets import Secrets
 from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE
-from shoprld.daemon.round.machine import Decision, Fail, Occurrence, State, Stop
+from shoprld.daemon.round.machine import Decision, Fail, Occurrence, Park, State, Stop
 from tests.demotree import make_tree
 from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (the "tmpfs" fixture)
 
@@ -143,3 +143,20 @@ async def test_the_disk_monitor_sends_the_guards_level_typed(tmpfs: Any) -> None
     assert event.event == "disk.soft_limit" and event.free_bytes < event.soft_limit_bytes == 10 * MiB
     fields = event.journal_fields()
     assert fields["level"] == "soft" and fields["path"] == str(root) and "event" not in fields
+
+
+@pytest.mark.anyio
+async def test_a_park_that_waits_for_space_goes_back_to_preflight(engine: Engine) -> None:
+    """With --wait-for-space, a disk park records PAUSED_DISK, waits until the guard's rule
+    says the volume is fine (it is, here), and returns None after the resume transition: the
+    engine starts PREFLIGHT_DISK's stage, Shutdown does not."""
+    disk = engine.cfg.disk.model_copy(update={"settle": 0.0, "interval": 0.01})
+    engine.live.cfg = engine.cfg.model_copy(update={"disk": disk})
+    engine.ending.wait_for_space = True
+    engine._transition(None, State.EXPORT_HF, "start")
+    d = Decision(State.PAUSED_DISK, "park_disk", Park("free 1 MiB < soft limit 2 MiB on /v"), engine.counters)
+    with anyio.fail_after(30):  # a bound on a hang, not a timing assert
+        code = await engine.ending.run(d, State.EXPORT_HF)
+    assert code is None and engine.machine.state is State.PREFLIGHT_DISK and not engine.ending.stopping
+    moves = [(e["src"], e["dst"], e["trigger"]) for e in _journal(engine) if e["event"] == "transition"][-2:]
+    assert moves == [("EXPORT_HF", "PAUSED_DISK", "park_disk"), ("PAUSED_DISK", "PREFLIGHT_DISK", "resume")]
