@@ -6,14 +6,18 @@ are in sources.py). The main loop takes one event at a time, asks the machine wh
 leads to (``machine.decide``: the next state and one action), and carries that out:
 persist the transition (journal line, then state.json, then status.json), tell systemd,
 spawn the next stage as a task, retry after the backoff, or end through the one ordered
-:meth:`Engine.shutdown`. Stages never call the engine; they return an Outcome. Signal
-receivers only enqueue; the loop acts (a second SIGINT while stopping is the one
-exception: it escalates to SIGKILL at once, since the loop is busy stopping).
+shutdown (shutdown.py: ``Shutdown.run(decision)``). Stages never call the engine; they
+return an Outcome. Signal receivers only enqueue; the loop acts (a second SIGINT while
+stopping is the one exception: it escalates to SIGKILL at once, since the loop is busy
+stopping).
 
-The engine composes its collaborators and keeps the loop, the decisions' carrying-out,
-the transitions and the stages' tasks: snapshot.py (its view of the campaign: journal,
-state.json, status.json), progress.py (the stages' events, the rounds' bookkeeping),
-reactions.py (checkpoint, disk, hygiene events), shutdown.py (every ending), children.py.
+The engine is the composition root: it builds each collaborator once with what it needs
+(none calls back into it) and keeps the loop, the decisions' carrying-out and the stages'
+tasks. What changes while it runs (the config, the machine's counters, a pending stop) is
+one ``Live`` object the collaborators read: snapshot.py (its view of the campaign: journal,
+the transition, state.json, status.json), progress.py (the stages' events, the rounds'
+bookkeeping), reactions.py (what an event means: an Occurrence), shutdown.py (every
+ending), children.py.
 
 Start-up order: lock the state dir (one daemon per campaign), load the state (rebuilt
 from the journal, then the disk, when corrupt), find children left by a crashed daemon
