@@ -94,7 +94,7 @@ class Engine:
             raise PreflightError(wrong[0])
         self.layout, self.secrets = layout, secrets
         # The config and the machine's counters, which every collaborator reads at each use
-        # (SIGHUP replaces the one, each decision the other); only the engine assigns them.
+        # (SIGHUP replaces the one, each decision the other; a stop request leaves its mode there).
         self.live = Live(cfg, Counters(round=0, rounds=cfg.campaign.rounds))
         self.clock = clock or base.SystemClock()
         self._raw_launcher = launcher or build_launcher(cfg, layout)
