@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -42,16 +42,15 @@ if TYPE_CHECKING:
 
 # Re-exported for the stages and the engine, which name them through this module.
 __all__ = ["Clock", "Outcome", "OutcomeKind", "RoundContext", "ServiceWatch", "StageCompleted", "StageRun",
-           "StopFlags", "SystemClock", "read_json", "round_id"]
+           "SystemClock", "read_json", "round_id"]
 
-OutcomeKind = Literal["done", "retry", "fail", "gate_stop", "disk", "stopped"]
+OutcomeKind = Literal["done", "retry", "fail", "gate_stop", "disk"]
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What a stage reports. ``done`` advances; ``retry`` re-enters the state (with backoff);
-    ``fail`` is final for the campaign (exit 6); ``gate_stop`` exit 5; ``disk`` parks;
-    ``stopped`` means the stage honoured a stop request after a safe point."""
+    ``fail`` is final for the campaign (exit 6); ``gate_stop`` exit 5; ``disk`` parks."""
 
     kind: OutcomeKind
     message: str = ""
@@ -68,13 +67,6 @@ class Outcome:
     @classmethod
     def fail(cls, message: str, **data: Any) -> Outcome:
         return cls("fail", message, data)
-
-
-class StopFlags(Protocol):
-    """What the operator asked for; stages check it at their safe points."""
-
-    @property
-    def at_checkpoint(self) -> bool: ...
 
 
 @dataclass
@@ -98,7 +90,6 @@ class RoundContext:
     # The live child of a role: registered by an earlier stage of this daemon, or adopted
     # from the records a crashed daemon left (pid + start time match), else None.
     find_child: Callable[[str], Child | None]
-    stop: StopFlags
     attempt: int = 1
 
     # -- the round's names and files: the plan's ------------------------------------------

@@ -158,7 +158,7 @@ async def run(ctx: RoundContext) -> Outcome:
 
 async def _services_ready(ctx: RoundContext) -> str | None:
     """The gate's two services, asked side by side (one HTTP round trip of wait, not two, on
-    the VAL->GATE hand-off; issue 17, item 5): the val server serves this round's weights, and
+    the VAL->GATE hand-off; issue 17): the val server serves this round's weights, and
     ShopSim is ready with no leaked lease (a killed val or analyze leaves its leases behind).
     None when both are; else the first problem (the val server's first). A StageFailed (an
     adopted ShopSim that stays short) propagates as itself, not inside an exception group."""
@@ -198,9 +198,7 @@ def _finished(ctx: RoundContext, gate_dir: Path) -> bool:
         return False
     if result.dropped:
         return False
-    if result.weight_version is not None:  # only the old stand-in recorded the served weights
-        return bool(result.weight_version == ctx.weight_version)
-    try:  # the real manifest has no served weights: it must be newer than this round's export
+    try:  # the manifest does not record the served weights: it must be newer than this round's export
         return (gate_dir / "online_gate_manifest.json").stat().st_mtime >= ctx.record_path("export").stat().st_mtime
     except FileNotFoundError:
         return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.preflight import budget_for, need_line, preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.preflight import budget_for, need_line, volume_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.foundation.roles import ChildRole
 
 from .base import Outcome, RoundContext
@@ -30,11 +30,11 @@ async def run(ctx: RoundContext) -> Outcome:
     tmp = tmpdir_problems(ctx.cfg, ctx.layout, ctx.values())
     if tmp:
         raise PreflightError(tmp[0].line())
-    problems = preflight_problems(ctx.cfg, ctx.layout)
+    problems = volume_problems(ctx.cfg, ctx.layout)
     if problems:
         raise PreflightError(problems[0].line())
     ctx.layout.ensure(ctx.cfg)
-    problems = preflight_problems(ctx.cfg, ctx.layout)
+    problems = volume_problems(ctx.cfg, ctx.layout)
     problems += real_stack_problems(ctx.cfg, ctx.values())
     if problems:
         raise PreflightError(problems[0].line())

@@ -60,10 +60,6 @@ def _judge(ctx: RoundContext) -> tuple[BareSummary | None, str | None]:
     if summary.coverage < ctx.cfg.val.min_coverage:
         return summary, (f"bare val coverage {summary.coverage:.4g} is below val.min_coverage "
                          f"{ctx.cfg.val.min_coverage:g} ({summary.failed} of {summary.requested} episodes failed)")
-    if summary.has_weight_version:
-        if summary.weight_version != ctx.weight_version:
-            return summary, f"{path}: made with weights {summary.weight_version}, not {ctx.weight_version}"
-        return summary, None
     # The real run_shopsimrl.py does not record the served weights: then the summary must be
     # newer than this round's export (older ones belong to a previous round's weights).
     try:

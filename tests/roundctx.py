@@ -22,12 +22,6 @@ from shoprld.daemon.services.valserver import ValServerService
 from shoprld.states.base import RoundContext
 
 
-class NoStop:
-    """Nobody asks a test's stage to stop."""
-
-    at_checkpoint = False
-
-
 def standalone_context(plan: RoundPlan, *, launcher: Launcher | None = None, http: httpx.AsyncClient | None = None,
                        val_server: ValServerService | None = None, shopsim: ShopsimService | None = None,
                        events: list[tuple[str, dict[str, Any]]] | None = None) -> RoundContext:
@@ -50,7 +44,7 @@ def standalone_context(plan: RoundPlan, *, launcher: Launcher | None = None, htt
         clock=SystemClock(), shopsim=shopsim or ShopsimService(), val_server=val_server or ValServerService(),
         emit=lambda event, **fields: seen.append((event, fields)),
         register_child=lambda child: children.__setitem__(child.record.role, child),
-        unregister_child=unregister, find_child=find, stop=NoStop(),
+        unregister_child=unregister, find_child=find,
     )
 
 

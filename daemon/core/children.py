@@ -13,17 +13,20 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.proctable import environ, pids
 from shoprld.daemon.round.plan import RoundValues
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from shoprld.daemon.services.shopsim import ShopsimService
+from shoprld.daemon.core.crashpoints import maybe_die
+from shoprld.daemon.core.snapshot import Snapshot
 
 log = structlog.get_logger("shoprld.engine")
 
@@ -38,19 +41,19 @@ def grace_of(cfg: Config, role: str) -> float:
 
 
 class Children:
-    """The running children by role, the adoptable records, and how each is let go.
+    """The running children by role (the view's, which state.json records), the adoptable
+    records, and how each is let go.
 
-    ``on_register`` runs after a child is recorded (the engine persists state.json there);
-    ``on_unregister`` after one is forgotten (status only: a stale record is harmless, since
-    adoption checks pid + start time); ``journal`` records adoptions.
+    A registered child is persisted at once (state.json names it before anything else
+    happens); a forgotten one only leaves status (a stale record is harmless, since adoption
+    checks pid + start time). ShopSim (``shopsim``) vouches for the saves in ``save_dir``
+    before it stops.
     """
 
-    def __init__(self, launcher: Launcher, *, on_register: Callable[[Child], None],
-                 on_unregister: Callable[[], None], journal: Callable[..., None]) -> None:
-        self.launcher = launcher
-        self.running: dict[str, Child] = {}
+    def __init__(self, launcher: Launcher, view: Snapshot, *, shopsim: ShopsimService, save_dir: Path) -> None:
+        self.launcher, self.view, self.shopsim, self.save_dir = launcher, view, shopsim, save_dir
+        self.running: dict[str, Child] = view.children
         self.adoptable: dict[str, ChildRecord] = {}
-        self._on_register, self._on_unregister, self._journal = on_register, on_unregister, journal
 
     def find_left(self, recorded: Mapping[str, Any], state_dir: Path) -> None:
         """At start-up: the recorded children still alive (or Ray jobs, which their launcher
@@ -69,12 +72,15 @@ class Children:
 
     def register(self, child: Child) -> None:
         self.running[child.record.role] = child
-        self._on_register(child)
+        self.view.persist()
+        state, r = self.view.machine.state, self.view.live.round
+        maybe_die(state, "mid", r)
+        maybe_die(state, f"spawn-{child.record.role}", r)
 
     def unregister(self, child: Child) -> None:
         if self.running.get(child.record.role) is child:
             del self.running[child.record.role]
-            self._on_unregister()
+            self.view.write_status(force=True)
 
     def find(self, role: str) -> Child | None:
         """The live child in ``role``: a running one, or one a crashed daemon left (adopted now)."""
@@ -86,7 +92,7 @@ class Children:
             adopted = self.launcher.adopt(rec)
             if adopted is not None:
                 log.info("child.adopted", role=role, pid=rec.pid)
-                self._journal("child.adopted", role=role, pid=rec.pid)
+                self.view.journal("child.adopted", role=role, pid=rec.pid)
                 self.register(adopted)
                 return adopted
         return None
@@ -103,17 +109,18 @@ class Children:
                 log.info("child.stray_stopped", role=role, pid=rec.pid)
                 await child.stop(ADOPTED_GRACE_S)
 
-    async def stop_all(self, cfg: Config, shopsim: ShopsimService, vouch: Callable[[], None], *,
-                       force: bool = False) -> None:
-        """Stop every child (trainer first). ShopSim vouches for the checkpoints first (all
-        the trainer saved ran against it) and is left running when it was not ours."""
+    async def stop_all(self, *, force: bool = False) -> None:
+        """Stop every child (trainer first), each with its configured grace. ShopSim vouches
+        for the checkpoints first (all the trainer saved ran against it) and is left running
+        when it was not ours."""
+        cfg, shopsim = self.view.live.cfg, self.shopsim
         shopsim.closing = True
         order = sorted(self.running.values(), key=lambda c: (c.record.role != ChildRole.TRAINER, c.record.role))
         failed: Exception | None = None
         for child in order:
             if child.record.role == ChildRole.SHOPSIM:
                 try:
-                    vouch()
+                    shopsim.vouch(self.save_dir)
                 except OSError as exc:  # a full state dir: unvouched saves are retrained, which is safe
                     log.warning("shopsim.vouch_failed", error=str(exc))
                 if shopsim.external:
@@ -167,17 +174,13 @@ def tagged_session_leaders(tag_prefix: str) -> dict[str, ChildRecord]:
     """Session leaders whose ``SHOPRLD_CHILD`` starts with ``tag_prefix``, by role (the rest of the tag)."""
     want = f"{CHILD_TAG}={tag_prefix}".encode()
     found: dict[str, ChildRecord] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid in pids():
         try:
             if os.getsid(pid) != pid:
                 continue
-            env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        for item in env.split(b"\0"):
+        for item in environ(pid):
             if item.startswith(want):
                 role = item[len(want):].decode(errors="replace")
                 found[role] = ChildRecord(role, pid, pid, proc_start_ticks(pid), time.time(), "", [],

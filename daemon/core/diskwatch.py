@@ -8,11 +8,12 @@ what this campaign may delete under pressure (round/resume.py decides, retention
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
+from anyio.abc import ObjectSendStream
 
 from shoprld.daemon.foundation import disk, diskbudget, retention
 from shoprld.daemon.foundation.config import Config
@@ -21,6 +22,7 @@ from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.round import resume
 from shoprld.daemon.round.plan import RoundPlan
+from shoprld.daemon.core.events import DiskLevelChanged, Event
 
 log = structlog.get_logger("shoprld.engine")
 
@@ -67,14 +69,14 @@ class DiskWatch:
         await disk.wait_for_space(self.root, guard, settle=cfg.settle, interval=cfg.interval, monotonic=monotonic)
 
     async def monitor(self, cfg: DiskSection, checkpoint_bytes: int | None,
-                      on_sample: Callable[[dict[str, Any]], None],
-                      on_change: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-        """Run the monitor: each sample's status line to ``on_sample``, level changes to ``on_change``."""
+                      on_sample: Callable[[dict[str, Any]], None], send: ObjectSendStream[Event]) -> None:
+        """Run the monitor: each sample's status line to ``on_sample``; each level change, as the
+        guard judged it, to the engine's queue (:class:`DiskLevelChanged`)."""
         guard = self.guard = disk.Guard(self.limits(cfg, checkpoint_bytes), hysteresis_bytes=cfg.hysteresis_bytes)
 
         async def emit(ev: dict[str, Any]) -> None:
             if ev["event"] != "disk.sample":
-                await on_change(ev)
+                await send.send(DiskLevelChanged.of(guard.level, ev))
                 return
             lim = guard.limits
             on_sample({"path": str(self.root), "total_bytes": ev.get("total_bytes"),

@@ -6,14 +6,18 @@ are in sources.py). The main loop takes one event at a time, asks the machine wh
 leads to (``machine.decide``: the next state and one action), and carries that out:
 persist the transition (journal line, then state.json, then status.json), tell systemd,
 spawn the next stage as a task, retry after the backoff, or end through the one ordered
-:meth:`Engine.shutdown`. Stages never call the engine; they return an Outcome. Signal
-receivers only enqueue; the loop acts (a second SIGINT while stopping is the one
-exception: it escalates to SIGKILL at once, since the loop is busy stopping).
+shutdown (shutdown.py: ``Shutdown.run(decision)``). Stages never call the engine; they
+return an Outcome. Signal receivers only enqueue; the loop acts (a second SIGINT while
+stopping is the one exception: it escalates to SIGKILL at once, since the loop is busy
+stopping).
 
-The engine composes its collaborators and keeps the loop, the decisions' carrying-out,
-the transitions and the stages' tasks: snapshot.py (its view of the campaign: journal,
-state.json, status.json), progress.py (the stages' events, the rounds' bookkeeping),
-reactions.py (checkpoint, disk, hygiene events), shutdown.py (every ending), children.py.
+The engine is the composition root: it builds each collaborator once with what it needs
+(none calls back into it) and keeps the loop, the decisions' carrying-out and the stages'
+tasks. What changes while it runs (the config, the machine's counters, a pending stop) is
+one ``Live`` object the collaborators read: snapshot.py (its view of the campaign: journal,
+the transition, state.json, status.json), progress.py (the stages' events, the rounds'
+bookkeeping), reactions.py (what an event means: an Occurrence), shutdown.py (every
+ending), children.py.
 
 Start-up order: lock the state dir (one daemon per campaign), load the state (rebuilt
 from the journal, then the disk, when corrupt), find children left by a crashed daemon
@@ -49,19 +53,19 @@ from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_DISK, EXIT_OK, NoSpa
 from shoprld.daemon.foundation.identity import ensure, expected
 from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.core.events import (CheckpointSeen, DiskLevel, Event, HygieneFound, RetryDue, SignalReceived,
-                                        StageOutcome, StopRequested, TaskFailed)
+from shoprld.daemon.core.events import (CheckpointCommitted, DiskLevelChanged, Event, HygieneFound, RetryDue,
+                                        SignalReceived, StageOutcome, StopRequested, TaskFailed)
 from shoprld.daemon.foundation.logs import add_file_handler
 from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.round.machine import (RETRY, WORKING_STATES, Counters, Deadline, Decision, Ending, Enter, Exit,
-                                         Fail, Finish, Machine, Park, Retry, RetryPolicy, State, Stop, decide)
+from shoprld.daemon.round.machine import (END_ACTIONS, RETRY, WORKING_STATES, Counters, Deadline, Decision, Enter,
+                                         Exit, Machine, Occurrence, Retry, RetryPolicy, State, decide)
 from shoprld.daemon.core.metrics import HEARTBEAT_S as METRICS_HEARTBEAT_S, TextfileMetrics
 from shoprld.daemon.core.notify import Notifier
 from shoprld.daemon.core.progress import Progress
-from shoprld.daemon.core.reactions import Reactions, StopRequest
+from shoprld.daemon.core.reactions import Reactions
 from shoprld.daemon.core.shutdown import Shutdown
-from shoprld.daemon.core.snapshot import Snapshot
-from shoprld.daemon.services.processes import Child, Launcher
+from shoprld.daemon.core.snapshot import Live, Snapshot
+from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.ray import build_launcher
 from shoprld.daemon.round.plan import RoundPlan, demo_dir
 from shoprld.daemon.foundation.secrets import Secrets
@@ -88,7 +92,10 @@ class Engine:
         wrong = state_dir_problems(layout.state_dir)
         if wrong:
             raise PreflightError(wrong[0])
-        self.cfg, self.layout, self.secrets = cfg, layout, secrets
+        self.layout, self.secrets = layout, secrets
+        # The config and the machine's counters, which every collaborator reads at each use
+        # (SIGHUP replaces the one, each decision the other; a stop request leaves its mode there).
+        self.live = Live(cfg, Counters(round=0, rounds=cfg.campaign.rounds))
         self.clock = clock or base.SystemClock()
         self._raw_launcher = launcher or build_launcher(cfg, layout)
         self.launcher: Launcher = TaggingLauncher(self._raw_launcher, str(layout.state_dir))
@@ -99,44 +106,46 @@ class Engine:
         self.store = Store(layout.state_dir, redactor=self.redactor, status_in_background=True)
         self.machine = Machine()
         self.send, self.recv = anyio.create_memory_object_stream[Event](256)
-        self.kids = Children(self.launcher, on_register=self._on_register,
-                             on_unregister=lambda: self.view.write_status(force=True), journal=self._journal)
         self.shopsim = ShopsimService(witness=layout.shopsim_witness)
         self.val_server = ValServerService()
-        self.stop = StopRequest()
-        # The machine's memory between decisions (round, attempt, retries, a pending park).
-        self.counters = Counters(round=0, rounds=cfg.campaign.rounds)
-        self.stage_scope: anyio.CancelScope | None = None
+        self.stage = stages.RunningStage()
         self.base_env = layout.child_env(cfg)
         self.python = sys.executable
         self.demo_dir = demo_dir()
         self.notifier = Notifier(redactor=self.redactor)  # sd_notify (systemd)
-        # Operator notifications (webhook/Slack/ntfy), sent by a task of their own.
-        self.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir, cfg.campaign.name, self._journal,
-                             transport=transport, marker=notify_marker)
-        metrics = TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name, campaign_files(cfg.source, layout)) \
-            if cfg.metrics.textfile is not None else None
-        # Per failed attempt (issue 18): what the running attempt started with (its log offset,
-        # its argv and exit). The cause of each state's last failure is in the counters.
-        self.attempts = Attempts(layout, self.redactor, self._journal)
         self.http: httpx.AsyncClient
         self.disk = DiskWatch(layout.ephemeral_root)
-        # The collaborators read the config and the round at each use: SIGHUP replaces the one,
-        # every decision the other.
-        cfg_now, round_now = (lambda: self.cfg), (lambda: self.round)
-        self.view = Snapshot(self.store, self.redactor, cfg=cfg_now, machine=self.machine, round=round_now,
-                             children=self.kids.running, shopsim=self.shopsim, clock=self.clock, metrics=metrics,
-                             alerts=self.alerts)
-        self.progress = Progress(self.view, cfg=cfg_now, round=round_now, layout=layout, clock=self.clock,
-                                 notifier=self.notifier, attempts=self.attempts, after_round=self._check_hygiene)
-        self.reactions = Reactions(self.view, cfg=cfg_now, layout=layout, machine=self.machine,
-                                   counters=lambda: self.counters, disk=self.disk, notifier=self.notifier,
-                                   stop=self.stop, apply=self._apply, send=self.send,
-                                   vouch=lambda: self.shopsim.vouch(layout.save_dir))
-        self.ending = Shutdown(self.view, cfg=cfg_now, layout=layout, machine=self.machine, round=round_now,
-                               disk=self.disk, notifier=self.notifier, clock=self.clock,
-                               wait_for_space=wait_for_space, cancel_stage=self._cancel_stage,
-                               stop_children=self._stop_children, transition=self._transition, spawn=self._spawn)
+        self.view = Snapshot(self.store, self.redactor, self.live, machine=self.machine, notifier=self.notifier,
+                             shopsim=self.shopsim, clock=self.clock, metrics=_metrics(cfg, layout))
+        # Operator notifications (webhook/Slack/ntfy), sent by a task of their own. They journal
+        # through the view, and the view pages through them.
+        self.alerts = self.view.alerts = Alerts(cfg.notify, secrets, self.redactor, layout.state_dir,
+                                                cfg.campaign.name, self.view.journal, transport=transport,
+                                                marker=notify_marker)
+        self.kids = Children(self.launcher, self.view, shopsim=self.shopsim, save_dir=layout.save_dir)
+        # Per failed attempt (issue 18): what the running attempt started with (its log offset,
+        # its argv and exit). The cause of each state's last failure is in the counters.
+        self.attempts = Attempts(layout, self.redactor, self.view.journal)
+        self.progress = Progress(self.view, layout=layout, clock=self.clock, notifier=self.notifier,
+                                 attempts=self.attempts)
+        self.reactions = Reactions(self.view, layout=layout, machine=self.machine, disk=self.disk,
+                                   notifier=self.notifier, shopsim=self.shopsim)
+        self.ending = Shutdown(self.view, layout=layout, disk=self.disk, notifier=self.notifier, clock=self.clock,
+                               children=self.kids, stage=self.stage, wait_for_space=wait_for_space)
+
+    @property
+    def cfg(self) -> Config:
+        """The running config (a SIGHUP may replace it)."""
+        return self.live.cfg
+
+    @property
+    def counters(self) -> Counters:
+        """The machine's memory between decisions (round, attempt, retries, restarts, a pending park)."""
+        return self.live.counters
+
+    @counters.setter
+    def counters(self, value: Counters) -> None:
+        self.live.counters = value
 
     @property
     def round(self) -> int:
@@ -224,7 +233,7 @@ class Engine:
                 self._background("signals", partial(sources.signals, self.send, stopping=lambda: self.ending.stopping,
                                                     force=self.kids.kill_all))
                 self._background("control", sources.control, self.layout.state_dir / SOCKET_FILE, self.send,
-                                 lambda: self.redactor.obj(self.view.status_doc()))
+                                 self.view.redacted_status)
                 self._background("watchdog", sources.watchdog, self.notifier)
                 self._background("notify", self.alerts.run)
                 self._background("digest", self.alerts.digest_loop, self.store.journal)
@@ -267,7 +276,7 @@ class Engine:
         log.debug("daemon.crashed", exc_info=exc)
         with anyio.CancelScope(shield=True):
             try:
-                await self._stop_children(force=True)
+                await self.kids.stop_all(force=True)
             except Exception as stop_exc:  # the crash is the news; say the stop failed too
                 log.error("children.stop_failed", error=f"{type(stop_exc).__name__}: {stop_exc}")
         if isinstance(leaf, ShoprldError):
@@ -304,8 +313,6 @@ class Engine:
         prev_state = data.get("state")
         if prev_state in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
             self.attempts.recovering = f"the daemon restarted after dying in {prev_state}"
-        self.counters = replace(self.counters, round=int(data.get("round") or 0),
-                                restarts=self.state_data["counters"]["restarts"])
         self.kids.find_left(data.get("children") or {}, self.layout.state_dir)
 
     # -- the main loop -------------------------------------------------------------------
@@ -330,25 +337,31 @@ class Engine:
             case SignalReceived(signum):
                 return await self._on_signal(signum)
             case StopRequested(mode):
-                return await self.reactions.stop_requested(mode)
-            case DiskLevel(ev):
-                return await self.reactions.disk_level(ev, stopping=self.ending.stopping)
-            case CheckpointSeen(ev):
-                return await self.reactions.checkpoint(ev)
+                return await self._apply_if(self.reactions.stop_requested(mode))
+            case DiskLevelChanged():
+                code = await self._apply_if(self.reactions.disk_level(event, stopping=self.ending.stopping))
+                self.reactions.park_waits()
+                return code
+            case CheckpointCommitted():
+                return await self._apply(self.machine.state, self.reactions.checkpoint(event))
             case RetryDue(state):  # a retry's backoff has passed
                 self._spawn(state)
             case HygieneFound(when, found):
                 self.reactions.hygiene(when, found)
             case TaskFailed(name, message):
                 log.error("daemon.task_failed", task=name, error=message)
-                await self._stop_children()  # Exit keeps ShopSim for a config error; a crash does not
-                return await self.shutdown(Exit(message, EXIT_BUG))
+                await self.kids.stop_all()  # Exit keeps ShopSim for a config error; a crash does not
+                state = self.machine.state
+                return await self._end(Decision(state, None, Exit(message, EXIT_BUG), self.counters), state)
         return None
+
+    async def _apply_if(self, ending: Occurrence | None) -> int | None:
+        return None if ending is None else await self._apply(self.machine.state, ending)
 
     async def _on_outcome(self, state: State, attempt: int, outcome: base.Outcome | ShoprldError) -> int | None:
         if isinstance(outcome, ShoprldError):
             await self.progress.attempt_failed(state, attempt, base.Outcome("fail", str(outcome)))
-            return await self._apply(state, Ending("error", str(outcome), exit_code=outcome.exit_code))
+            return await self._apply(state, Occurrence("error", str(outcome), exit_code=outcome.exit_code))
         if outcome.data.get("tool_failed") and outcome.kind in ("done", "gate_stop"):
             # A tool crashed but its stage goes on (the gate's policy): still a bundle and a page.
             await self.progress.tool_failed(state, attempt, outcome)
@@ -365,8 +378,8 @@ class Engine:
         if outcome.kind == "done":
             self.progress.recovered(state)
             if state is State.NEXT_ROUND:
-                self.progress.round_finished(self._ctx(), outcome.data.get("records"))
-            return await self._apply(state, Ending("done", outcome.message))
+                self._round_finished(outcome.data.get("records"))
+            return await self._apply(state, Occurrence("done", outcome.message))
         cause = await self.progress.attempt_failed(state, attempt, outcome) \
             if outcome.kind in ("retry", "fail", "disk") else None
         if outcome.kind == "retry":
@@ -374,24 +387,23 @@ class Engine:
                 self.view.alert("stalled", outcome.message)
                 self.view.snap["warnings"] = [f"stall: {outcome.message}"]
             self.view.snap["last_error"] = outcome.message
-        return await self._apply(state, Ending(outcome.kind, outcome.message, cause=cause,
+        return await self._apply(state, Occurrence(outcome.kind, outcome.message, cause=cause,
                                                progressed=bool(outcome.data.get("progressed"))))
 
-    def _decide(self, state: State, ending: Ending) -> Decision:
+    def _decide(self, state: State, ending: Occurrence) -> Decision:
         """Ask the machine (machine.decide) what ``ending`` in ``state`` leads to."""
         if state is State.START_SHOPSIM and ending.kind in ("done", "skipped"):
             self._reconcile()  # the disk says which round is next; the machine decides the rest
         deadline = Deadline.of(self.state_data.get("deadline"), list(self.state_data["round_durations"].values()),
                                self.clock.time())
         spec = stages.spec_for(self.cfg, state)
-        return decide(state, ending, self.counters, self.stop.mode, deadline, RetryPolicy(spec.retries, spec.backoff))
+        return decide(state, ending, self.counters, self.live.stop_mode, deadline, RetryPolicy(spec.retries, spec.backoff))
 
-    async def _apply(self, state: State, ending: Ending) -> int | None:
+    async def _apply(self, state: State, ending: Occurrence) -> int | None:
         """Carry out the machine's decision: enter the next state (skipping what is on disk),
         retry after the backoff, or end through :meth:`shutdown`."""
         d = self._decide(state, ending)
         self.counters = d.counters
-        self.state_data["counters"]["restarts"] = d.counters.restarts
         action = d.action
         if isinstance(action, Retry):
             self._transition(state, state, RETRY, message=action.message, delay=action.delay)
@@ -408,10 +420,10 @@ class Engine:
             self._journal("stage.skipped", state=action.state.value, reason="output already on disk")
             log.info("stage.skipped", state=action.state.value, round=self.round)
             if action.state is State.NEXT_ROUND:
-                self.progress.round_finished(self._ctx(), None)
-            return await self._apply(action.state, Ending("skipped"))
-        if isinstance(action, (Park, Stop, Fail, Finish, Exit)):
-            return await self.shutdown(action, state, d.trigger)
+                self._round_finished(None)
+            return await self._apply(action.state, Occurrence("skipped"))
+        if isinstance(action, END_ACTIONS):
+            return await self._end(d, state)
         return None  # Stay
 
     def _reconcile(self) -> None:
@@ -450,7 +462,7 @@ class Engine:
         structlog.contextvars.bind_contextvars(round=self.round, state=state.value, attempt=attempt)
         self.attempts.started(state.value, self.round)
         with anyio.CancelScope() as scope:
-            self.stage_scope = scope
+            self.stage.scope = scope
             outcome = await stages.attempt(state, ctx, spec, self.kids)
             await self.send.send(StageOutcome(state, attempt, outcome))
 
@@ -460,32 +472,21 @@ class Engine:
         return base.RoundContext(
             plan=plan, launcher=self.launcher, http=self.http, clock=self.clock, shopsim=self.shopsim,
             val_server=self.val_server, emit=self.progress.emit, register_child=self.kids.register,
-            unregister_child=self.kids.unregister, find_child=self.kids.find, stop=self.stop,
+            unregister_child=self.kids.unregister, find_child=self.kids.find,
             attempt=self.attempt if attempt is None else attempt,
         )
 
-    # -- children (daemon/core/children.py owns them) ---------------------------------------------
-    def _on_register(self, child: Child) -> None:
-        self._persist()
-        maybe_die(self.machine.state, "mid", self.round)
-        maybe_die(self.machine.state, f"spawn-{child.record.role}", self.round)
-
-    async def _stop_children(self, *, force: bool = False) -> None:
-        await self.kids.stop_all(self.cfg, self.shopsim, lambda: self.shopsim.vouch(self.layout.save_dir), force=force)
-
-    def _cancel_stage(self) -> None:
-        if self.stage_scope is not None:
-            self.stage_scope.cancel()
-
     # -- every ending: stop, park, fail, finish, exit (daemon/core/shutdown.py) ------------------------
-    async def shutdown(self, ending: Park | Stop | Fail | Finish | Exit, src: State | None = None,
-                       trigger: str | None = None) -> int | None:
+    async def _end(self, d: Decision, src: State) -> int | None:
         """End the campaign (or park it) in one order, as uvicorn's ``Server.shutdown`` does:
         stop taking work, drain the children, record the end, tell the operator.
 
         Returns the exit code, or None when a disk park with ``--wait-for-space`` resumed.
         """
-        return await self.ending.run(ending, src or self.machine.state, trigger)
+        code = await self.ending.run(d, src)
+        if code is None:  # the volume has room again: back to PREFLIGHT_DISK
+            self._spawn(State.PREFLIGHT_DISK)
+        return code
 
     # -- signals (the other events: daemon/core/reactions.py) ----------------------------------------
     async def _on_signal(self, signum: int) -> int | None:
@@ -493,7 +494,7 @@ class Engine:
             self._reload()
             return None
         log.info("daemon.signal", signal=signal.Signals(signum).name)
-        return await self._apply(self.machine.state, Ending("stop"))
+        return await self._apply(self.machine.state, Occurrence("stop"))
 
     def _reload(self) -> None:
         """SIGHUP: the campaign file and .env, judged as at start (sources.reloaded), applied
@@ -509,41 +510,33 @@ class Engine:
         new = r.cfg
         self.redactor.extend(r.secrets.redactor)
         self.secrets = replace(r.secrets, _redactor=self.redactor)
-        self.cfg = new
+        self.live.cfg = new
         self.base_env = self.layout.child_env(new)
         self.alerts.reconfigure(new.notify, self.secrets)
-        self.view.metrics = TextfileMetrics(new.metrics.textfile, new.campaign.name,
-                                            campaign_files(new.source, self.layout)) \
-            if new.metrics.textfile is not None else None
+        self.view.metrics = _metrics(new, self.layout)
         self._journal("config.reloaded", changed=list(r.changed))
         log.info("config.reload", source=str(new.source), changed=list(r.changed))
         self.view.write_status(force=True)  # the textfile too, at once
 
     def _check_hygiene(self, when: str) -> None:
         """The repo hygiene scan (issue 9), before the first stage and after each round."""
-        self._background("hygiene scan", self.reactions.hygiene_scan, when)
+        roots = {self.layout.repo, self.layout.project_root}  # project_root: the tools' default output
+        self._background("hygiene scan", sources.hygiene_scan, roots, self.cfg.storage.repo_hygiene_max, when,
+                         self.send)
+
+    def _round_finished(self, records: next_round.RoundRecords | None) -> None:
+        """The round is recorded (progress.py); then the repo is looked at again."""
+        ctx = self._ctx()
+        self.progress.round_finished(ctx, records)
+        self._check_hygiene(f"after {ctx.round_id}")
 
     # -- transitions (persisted through daemon/core/snapshot.py) ------------------------------------
     def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
-        if src is not None and trigger not in ("start",):
-            self.machine.fire(trigger)
-        else:
-            self.machine.set_state(dst)
-        assert self.machine.state is dst, (self.machine.state, dst)
-        self.view.snap["state"] = dst.value
-        self.view.snap["round"] = self.round
-        if dst is State.TRAIN:
+        if dst is State.TRAIN:  # where TRAIN resumes, in the snapshot the transition line holds
             self.view.snap["step"] = self.progress.step_from_disk()
-        self._journal("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, **fields)
-        log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=self.round)
-        structlog.contextvars.bind_contextvars(campaign=self.cfg.campaign.name, round=self.round, state=dst.value)
-        self.view.persist(durable=False)  # the transition line above, fsynced, holds this snapshot
-        maybe_die(dst, "enter", self.round)
-        self.notifier.status_of(self.view.snap)
+        self.view.transition(src, dst, trigger, **fields)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
-        if dst is State.TRAIN and src is State.START_SHOPSIM or dst is State.DONE and src is State.START_SHOPSIM:
-            self.notifier.ready()
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""
@@ -553,15 +546,15 @@ class Engine:
             self._background("checkpoint watcher", sources.checkpoint_commits, self.layout.save_dir, self.cfg,
                              self.send)
             self._background("disk monitor", self.disk.monitor, self.cfg.disk, self.view.checkpoint_bytes(),
-                             self.view.disk_sampled, lambda ev: self.send.send(DiskLevel(ev)))
+                             self.view.disk_sampled, self.send)
             self._background("ShopSim supervisor", self.shopsim.supervise, self._ctx)
 
-    # The view's writers under the names the engine hands its collaborators (and tests call).
     def _journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         self.view.journal(event, sync=sync, **fields)
 
-    def _persist(self) -> None:
-        self.view.persist()
 
-    def _state_doc(self) -> dict[str, Any]:
-        return self.view.state_doc()
+def _metrics(cfg: Config, layout: Layout) -> TextfileMetrics | None:
+    """The Prometheus textfile writer, when the config asks for one."""
+    if cfg.metrics.textfile is None:
+        return None
+    return TextfileMetrics(cfg.metrics.textfile, cfg.campaign.name, campaign_files(cfg.source, layout))

@@ -8,11 +8,13 @@ main loop takes them one at a time and dispatches on the type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from shoprld.daemon.foundation.disk import LEVEL_EVENTS, Level
 from shoprld.daemon.foundation.errors import ShoprldError
-from shoprld.daemon.round.machine import State
+from shoprld.daemon.round.machine import State, StopMode
 
 if TYPE_CHECKING:  # states import the daemon's foundations; only the type is needed here
     from shoprld.states.base import Outcome
@@ -38,21 +40,50 @@ class SignalReceived:
 class StopRequested:
     """``shoprld stop`` over the control socket: ``now``, ``checkpoint`` or ``round``."""
 
-    mode: str
+    mode: StopMode
 
 
 @dataclass(frozen=True)
-class DiskLevel:
-    """The disk monitor's level change (``disk.ok``, ``disk.soft_limit``, ``disk.hard_limit``)."""
+class DiskLevelChanged:
+    """The disk guard's level changed (disk.py's verdict on one sample): the level, why, and
+    the sample and limits it was judged on, as the journal records them."""
 
-    event: dict[str, Any]
+    level: Level
+    reason: str
+    path: str
+    free_bytes: int
+    total_bytes: int
+    inodes_free: int
+    inodes_total: int
+    read_only: bool
+    soft_limit_bytes: int
+    hard_limit_bytes: int
+    soft_limit_inodes: int
+    hard_limit_inodes: int
+    at: float
+
+    @classmethod
+    def of(cls, level: Level, payload: Mapping[str, Any]) -> DiskLevelChanged:
+        """From the monitor's payload (disk.py's ``Monitor``) and the guard's level."""
+        return cls(level, **{f.name: payload[f.name] for f in fields(cls) if f.name != "level"})
+
+    @property
+    def event(self) -> str:
+        """The journal's name for the new level (``disk.ok``, ``disk.soft_limit``, ``disk.hard_limit``)."""
+        return LEVEL_EVENTS[self.level]
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {**asdict(self), "level": self.level.value}
 
 
 @dataclass(frozen=True)
-class CheckpointSeen:
-    """The checkpoint watcher's event (``checkpoint.committed`` and its companions)."""
+class CheckpointCommitted:
+    """The checkpoint watcher saw a save become complete (its tracker names it)."""
 
-    event: dict[str, Any]
+    iteration: int
+    path: str
+    bytes: int | None = None
+    latency_ms: float | None = None  # from the save's last file to this event
 
 
 @dataclass(frozen=True)
@@ -79,4 +110,5 @@ class TaskFailed:
     message: str
 
 
-Event = StageOutcome | SignalReceived | StopRequested | DiskLevel | CheckpointSeen | RetryDue | HygieneFound | TaskFailed
+Event = (StageOutcome | SignalReceived | StopRequested | DiskLevelChanged | CheckpointCommitted | RetryDue | HygieneFound
+         | TaskFailed)

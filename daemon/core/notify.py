@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
-from shoprld.daemon.foundation.status import round_label
+from shoprld.daemon.foundation.units import human_bytes, round_label
 
 # systemd shows STATUS= on one line; keep it readable in `systemctl status`.
 MAX_STATUS_LEN = 200
@@ -103,10 +103,6 @@ class Notifier:
         return usec / 2 / 1_000_000 if usec > 0 else None
 
 
-def _gib(n: Any) -> str:
-    return f"{n / 1024**3:.1f} GiB" if isinstance(n, (int, float)) and not isinstance(n, bool) else "?"
-
-
 def _int(v: Any, default: int = 0) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -131,7 +127,7 @@ def status_line(snap: Mapping[str, Any]) -> str:
     if state == "PAUSED_DISK":
         if level in ("soft", "hard"):
             limit = disk.get(f"{level}_limit_bytes")
-            line = f"PAUSED_DISK: free {_gib(disk.get('free_bytes'))} < {level} {_gib(limit)}"
+            line = f"PAUSED_DISK: free {human_bytes(disk.get('free_bytes'))} < {level} {human_bytes(limit)}"
         else:
             line = f"PAUSED_DISK: {err or 'disk pressure'}"
     elif state == "DONE":

@@ -11,7 +11,6 @@ through the store, the finished round's line in rounds.jsonl.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -19,7 +18,6 @@ import structlog
 from shoprld.states import base, next_round
 
 from shoprld.daemon.foundation import causes
-from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import ROW_KEY
 from shoprld.daemon.foundation.roles import ChildRole
@@ -42,21 +40,20 @@ JOURNALED = ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archi
 
 
 class Progress:
-    """The stages' events, their attempts' failures and the rounds' bookkeeping.
-    ``after_round`` runs once a round is recorded (the engine's hygiene scan)."""
+    """The stages' events, their attempts' failures and the rounds' bookkeeping. The config
+    and the round are the view's (``view.live``), read at each use."""
 
-    def __init__(self, view: Snapshot, *, cfg: Callable[[], Config], round: Callable[[], int], layout: Layout,
-                 clock: base.Clock, notifier: Notifier, attempts: Attempts,
-                 after_round: Callable[[str], None]) -> None:
-        self.view, self._cfg, self._round, self.layout, self.clock = view, cfg, round, layout, clock
-        self.notifier, self.attempts, self._alert, self._after_round = notifier, attempts, view.alert, after_round
+    def __init__(self, view: Snapshot, *, layout: Layout, clock: base.Clock, notifier: Notifier,
+                 attempts: Attempts) -> None:
+        self.view, self.live, self.layout, self.clock = view, view.live, layout, clock
+        self.notifier, self.attempts, self._alert = notifier, attempts, view.alert
         self.round_step_s: tuple[int, float] | None = None  # (round, its median step time)
 
     async def attempt_failed(self, state: State, attempt: int, outcome: base.Outcome) -> causes.Cause:
         """Classify a failed attempt, write its crash bundle, journal it, show it in status."""
         cause, self.view.snap["last_failure"] = await self.attempts.failed(
-            state.value, self._round(), attempt, outcome.message, outcome.data,
-            nvidia_smi=self._cfg().gpus.nvidia_smi, keep_bundles=self._cfg().disk.keep_bundles)
+            state.value, self.live.round, attempt, outcome.message, outcome.data,
+            nvidia_smi=self.live.cfg.gpus.nvidia_smi, keep_bundles=self.live.cfg.disk.keep_bundles)
         failures = self.view.state_data["counters"].setdefault("failures", {})
         failures[cause.name] = failures.get(cause.name, 0) + 1
         return cause
@@ -87,8 +84,8 @@ class Progress:
             snap["step"] = fields.get("step", snap.get("step", 0))
             if fields.get("step_seconds"):
                 snap["step_seconds"] = fields["step_seconds"]
-                self.round_step_s = (self._round(), float(fields["step_seconds"]))
-                left = self._cfg().campaign.steps_per_round - snap["step"]
+                self.round_step_s = (self.live.round, float(fields["step_seconds"]))
+                left = self.live.cfg.campaign.steps_per_round - snap["step"]
                 snap["eta_seconds"] = max(0.0, left * fields["step_seconds"])
             self.view.write_status()
             self.notifier.status_of(snap)
@@ -122,15 +119,15 @@ class Progress:
 
     def step_from_disk(self) -> int:
         """The current round's step its newest complete checkpoint reached (where TRAIN resumes)."""
-        cfg = self._cfg()
-        plan = RoundPlan(cfg, self.layout, self._round())
+        cfg = self.live.cfg
+        plan = RoundPlan(cfg, self.layout, self.live.round)
         point = plan.resume_point()
         latest = point.iteration if point is not None else plan.start_iteration
         return max(0, min(cfg.campaign.steps_per_round, latest - plan.start_iteration))
 
     def mark_round_started(self) -> None:
-        r = self._round()
-        path = RoundPlan(self._cfg(), self.layout, r).round_record
+        r = self.live.round
+        path = RoundPlan(self.live.cfg, self.layout, r).round_record
         rec = base.read_json(path)
         if rec is None:
             rec = {"round": r, "started_at": self.clock.time()}
@@ -141,7 +138,7 @@ class Progress:
     def round_finished(self, ctx: base.RoundContext, records: next_round.RoundRecords | None) -> None:
         """The round is recorded: its line in ``rounds_done``, its duration, the operator's note.
         ``records``: what NEXT_ROUND read (None when it was skipped: then the stage reads them)."""
-        r, snap = self._round(), self.view.snap
+        r, snap = self.live.round, self.view.snap
         read = records or next_round.records(ctx)
         started_at = read.started.get("started_at")
         duration = self.clock.time() - float(started_at) if started_at else None
@@ -162,4 +159,3 @@ class Progress:
         val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
         self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",
                     failure=False)
-        self._after_round(f"after {ctx.round_id}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +30,44 @@ from shoprld.daemon.foundation.secrets import Redactor
 from shoprld.daemon.foundation.status import unsaved_progress
 from shoprld.daemon.foundation.store import Store
 from shoprld.daemon.core.alerts import Alerts
+from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.metrics import TextfileMetrics
-from shoprld.daemon.core.planning import Plan, make_plan
-from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Machine, State
+from shoprld.daemon.core.notify import Notifier
+from shoprld.daemon.core.outlook import Outlook, make_outlook
+from shoprld.daemon.round.machine import ROUND_STATES, WORKING_STATES, Counters, Machine, State, StopMode
 from shoprld.daemon.services.processes import Child, Clock
 from shoprld.daemon.services.shopsim import ShopsimService
 
 log = structlog.get_logger("shoprld.engine")
 
 
-class Snapshot:
-    """``state_data`` and ``snap`` (filled once by :meth:`load`, never replaced), the journal's
-    sequence number, and their writers. ``cfg`` and ``round`` are read at each use: a SIGHUP
-    replaces the engine's config, and every decision its counters."""
+@dataclass
+class Live:
+    """What changes while the daemon runs: the config (a SIGHUP replaces it), the machine's
+    counters (every decision replaces them; the round and the one restart count are in them)
+    and the operator's pending stop (``shoprld stop --at-checkpoint``/``--after-round``).
+    Only the engine and its reactions assign them; the collaborators read them at each use."""
 
-    def __init__(self, store: Store, redactor: Redactor, *, cfg: Callable[[], Config], machine: Machine,
-                 round: Callable[[], int], children: Mapping[str, Child], shopsim: ShopsimService, clock: Clock,
-                 metrics: TextfileMetrics | None, alerts: Alerts) -> None:
-        self.store, self.redactor, self._cfg, self.machine, self._round = store, redactor, cfg, machine, round
-        self.children, self.shopsim, self.clock, self.metrics, self.alerts = children, shopsim, clock, metrics, alerts
+    cfg: Config
+    counters: Counters
+    stop_mode: StopMode | None = None
+
+    @property
+    def round(self) -> int:
+        return self.counters.round
+
+
+class Snapshot:
+    """``state_data`` and ``snap`` (filled once by :meth:`load`, never replaced), the running
+    children by role (state.json records them), the journal's sequence number, and their
+    writers. The config and the round are read from ``live`` at each use."""
+
+    def __init__(self, store: Store, redactor: Redactor, live: Live, *, machine: Machine, notifier: Notifier,
+                 shopsim: ShopsimService, clock: Clock, metrics: TextfileMetrics | None) -> None:
+        self.store, self.redactor, self.live, self.machine, self.notifier = store, redactor, live, machine, notifier
+        self.shopsim, self.clock, self.metrics = shopsim, clock, metrics
+        self.alerts: Alerts | None = None  # the engine's, which journal through this view
+        self.children: dict[str, Child] = {}  # daemon/core/children.py keeps it
         self.state_data: dict[str, Any] = {}
         self.snap: dict[str, Any] = {}
         self.seq = 0
@@ -59,8 +78,9 @@ class Snapshot:
 
     def load(self, save_dir: Path) -> dict[str, Any]:
         """Fill the view from the store (rebuilt from the journal when state.json is corrupt)
-        and the save dir; return what was persisted (empty on a first start)."""
-        cfg = self._cfg()
+        and the save dir; return what was persisted (empty on a first start). The persisted
+        round and restart count go into ``live``'s counters."""
+        cfg = self.live.cfg
         loaded = self.store.load()
         data = loaded.state if loaded else {}
         if loaded and loaded.warning:
@@ -76,12 +96,14 @@ class Snapshot:
             "starts": int(data.get("starts", 0)) + 1, "seq": int(data.get("seq", 0)),
             "previous": {"state": data.get("state"), "round": data.get("round")},
             "deadline": data.get("deadline"),
-            "counters": {"restarts": int((data.get("counters") or {}).get("restarts", 0)),
-                         "stalls": int((data.get("counters") or {}).get("stalls", 0)),
+            # The restart count is the machine's (Counters.restarts): state_doc() adds it.
+            "counters": {"stalls": int((data.get("counters") or {}).get("stalls", 0)),
                          "failures": _failure_counts((data.get("counters") or {}).get("failures"))},
         })
+        restarts = int((data.get("counters") or {}).get("restarts", 0))
         if data.get("state") in {s.value for s in WORKING_STATES}:  # the last daemon died mid-work
-            self.state_data["counters"]["restarts"] += 1
+            restarts += 1
+        self.live.counters = replace(self.live.counters, round=int(data.get("round") or 0), restarts=restarts)
         if self.state_data["deadline"] is None:
             self.state_data["deadline"] = resolve_deadline(cfg.campaign.deadline, self.state_data["first_start"])
         self.seq = self.state_data["seq"]
@@ -108,8 +130,10 @@ class Snapshot:
 
     def alert(self, event: str, text: str, *, failure: bool = True) -> None:
         """Queue an operator notification about now; the last failure's cause rides along."""
+        if self.alerts is None:
+            return
         lf = self.snap.get("last_failure") or {}
-        r = self._round()
+        r = self.live.round
         mine = failure and lf.get("round") == r
         self.alerts.post(event, text, round=r, state=self.machine.state.value if not mine else lf.get("state"),
                          cause=lf.get("cause") if mine else None, bundle=lf.get("bundle") if mine else None,
@@ -120,7 +144,7 @@ class Snapshot:
         self.seq += 1
         # The state the event really happens in (the supervisor's ShopSim restart in TRAIN is
         # a TRAIN event); a stage's own events name their state explicitly.
-        rec = {"event": event, "seq": self.seq, "round": self._round(), "state": self.machine.state.value, **fields}
+        rec = {"event": event, "seq": self.seq, "round": self.live.round, "state": self.machine.state.value, **fields}
         disk = self.snap.get("disk")
         if event in ("transition", "checkpoint.committed") and isinstance(disk, dict) and "free_bytes" not in rec:
             rec["free_bytes"] = disk.get("free_bytes")  # the last sample: `shoprld report`'s free-disk series
@@ -133,11 +157,42 @@ class Snapshot:
         rounds. The per-round facts are in rounds.jsonl, written once; the cursor counts them."""
         return {
             **{k: v for k, v in self.state_data.items() if k != "round_durations"},  # per round: rounds.jsonl
-            "state": self.machine.state.value, "round": self._round(), "seq": self.seq,
+            "counters": self.counters_doc(),
+            "state": self.machine.state.value, "round": self.live.round, "seq": self.seq,
             "children": {r: c.record.to_json() for r, c in self.children.items()},
             "rounds_recorded": len(self.snap.get("rounds_done", [])), "stop_reason": self.snap.get("stop_reason"),
             "last_error": self.snap.get("last_error"), "last_failure": self.snap.get("last_failure"),
         }
+
+    def counters_doc(self) -> dict[str, Any]:
+        """The campaign's counters as state.json and the metrics keep them: restarts, stalls,
+        failed attempts by cause."""
+        return {"restarts": self.live.counters.restarts, **self.state_data["counters"]}
+
+    def transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
+        """Move the machine (``trigger`` must be the table's; ``src`` None: a (re)start sets
+        ``dst``) and record it: the journal line, durable and holding the snapshot, then
+        state.json and status.json, then systemd's STATUS= (and READY= once the campaign is up)."""
+        if src is not None and trigger != "start":
+            self.machine.fire(trigger)
+        else:
+            self.machine.set_state(dst)
+        assert self.machine.state is dst, (self.machine.state, dst)
+        r = self.live.round
+        self.snap["state"] = dst.value
+        self.snap["round"] = r
+        self.journal("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, **fields)
+        log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=r)
+        structlog.contextvars.bind_contextvars(campaign=self.live.cfg.campaign.name, round=r, state=dst.value)
+        self.persist(durable=False)  # the transition line above, fsynced, holds this snapshot
+        maybe_die(dst, "enter", r)
+        self.notifier.status_of(self.snap)
+        if src is State.START_SHOPSIM and dst in (State.TRAIN, State.DONE):
+            self.notifier.ready()
+
+    def redacted_status(self) -> dict[str, Any]:
+        """The status document as the control socket answers it."""
+        return self.redactor.obj(self.status_doc())
 
     def persist(self, *, durable: bool = True) -> None:
         """state.json (durably unless the journal just took the same snapshot) and status.json."""
@@ -145,7 +200,7 @@ class Snapshot:
         self.write_status(force=True)
 
     def status_doc(self) -> dict[str, Any]:
-        cfg = self._cfg()
+        cfg = self.live.cfg
         shop = {"url": cfg.shopsim.url, "healthy": self.shopsim.healthy, "free_slots": self.shopsim.free_slots,
                 "environment_slots": self.shopsim.environment_slots,
                 "slots": cfg.shopsim.slots, "checked_at": self.shopsim.checked_at}
@@ -157,10 +212,10 @@ class Snapshot:
         if served is not None and served != cfg.shopsim.slots:
             warnings.append(f"shopsim at {cfg.shopsim.url} has {served} slots but shopsim.slots = "
                             f"{cfg.shopsim.slots}; fix: make them agree (SHOPSIM_ENV_SLOTS and shopsim.slots)")
-        plan = self.plan()
+        plan = self.outlook()
         warnings += [line for _, line in plan.problems()]
         last = self.snap.get("last_checkpoint") if isinstance(self.snap.get("last_checkpoint"), dict) else {}
-        unsaved = unsaved_progress(state=self.machine.state.value, round_index=self._round(),
+        unsaved = unsaved_progress(state=self.machine.state.value, round_index=self.live.round,
                                    step=int(self.snap.get("step") or 0), steps_per_round=cfg.campaign.steps_per_round,
                                    end_offset=cfg.train.end_offset, last_iteration=last.get("iteration"),
                                    step_seconds=self.snap.get("step_seconds"), save_interval=self._save_interval(cfg))
@@ -179,7 +234,7 @@ class Snapshot:
         except Exception as exc:  # a heartbeat must never stop the campaign; write_status shows it
             log.warning("metrics.heartbeat_skipped", error=f"{type(exc).__name__}: {exc}")
             return
-        self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+        self.metrics.write(self.redactor.obj(doc), self.counters_doc())
 
     def write_status(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -195,7 +250,7 @@ class Snapshot:
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))
         if self.metrics is not None:
-            self.metrics.write(self.redactor.obj(doc), self.state_data["counters"])
+            self.metrics.write(self.redactor.obj(doc), self.counters_doc())
 
     def _save_interval(self, cfg: Config) -> int:
         """The trainer's ``--save-interval`` now: the last launch's (adaptive saves) else the config's."""
@@ -203,14 +258,14 @@ class Snapshot:
         interval = saves.get("interval") if isinstance(saves, dict) else None
         return interval if isinstance(interval, int) and interval > 0 else cfg.train.save_interval
 
-    def plan(self) -> Plan:
-        """The rest of the campaign (daemon/core/planning.py), from what the engine already knows."""
-        cfg = self._cfg()
+    def outlook(self) -> Outlook:
+        """The rest of the campaign (daemon/core/outlook.py), from what the engine already knows."""
+        cfg = self.live.cfg
         disk = self.snap.get("disk") if isinstance(self.snap.get("disk"), dict) else {}
         last = self.snap.get("last_checkpoint") or {}
         in_round = self.machine.state in ROUND_STATES
-        return make_plan(
-            rounds=cfg.campaign.rounds, current=self._round(),
+        return make_outlook(
+            rounds=cfg.campaign.rounds, current=self.live.round,
             durations=list(self.state_data.get("round_durations", {}).values()) if in_round else [],
             round_started_at=self.round_started_at, now=self.clock.time(),
             train_eta=self.snap.get("eta_seconds"), in_train=self.machine.state is State.TRAIN,
@@ -231,10 +286,10 @@ class Snapshot:
 
     def _warn_plan(self) -> None:
         """Journal each "the next round will not fit" once per round and reason, as soon as it is known."""
-        for reason, line in self.plan().problems():
-            if (self._round(), reason) in self._plan_warned:
+        for reason, line in self.outlook().problems():
+            if (self.live.round, reason) in self._plan_warned:
                 continue
-            self._plan_warned.add((self._round(), reason))
+            self._plan_warned.add((self.live.round, reason))
             log.warning("plan.next_round_wont_fit", reason=reason, message=line)
             self.journal("plan.next_round_wont_fit", sync=False, reason=reason, message=line)
 

@@ -26,15 +26,16 @@ from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
 from shoprld.daemon.foundation.status import save_is_near, stop_cost_line, waiting_for_save_line
+from shoprld.daemon.round.machine import STOP_MODES
+from shoprld.daemon.services import hygiene
 from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.core.control import ControlServer
 from shoprld.daemon.foundation.errors import ShoprldError
-from shoprld.daemon.core.events import CheckpointSeen, Event, SignalReceived, StopRequested
+from shoprld.daemon.core.events import CheckpointCommitted, Event, HygieneFound, SignalReceived, StopRequested
 from shoprld.daemon.core.notify import Notifier
 
 log = structlog.get_logger("shoprld.engine")
 
-STOP_MODES = ("now", "checkpoint", "round")
 # Sections whose change would move files or change what a round is: not reloadable.
 STRUCTURAL = ("campaign", "storage", "gpus")
 # Keys read once, at start, by a task or an object that lives as long as the daemon (the disk
@@ -66,9 +67,10 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
         if cmd == "status":
             return {"ok": True, "status": status()}
         if cmd == "stop":
-            mode = request.get("mode", "now")
-            if mode not in STOP_MODES:
-                return {"ok": False, "error": f"unknown stop mode {mode!r}"}
+            asked = request.get("mode", "now")
+            mode = next((m for m in STOP_MODES if m == asked), None)
+            if mode is None:
+                return {"ok": False, "error": f"unknown stop mode {asked!r}"}
             unsaved = status().get("unsaved") if mode == "now" else None
             if mode == "now" and not waiting and save_is_near(unsaved):
                 waiting = True
@@ -89,15 +91,22 @@ async def control(socket: Path, send: ObjectSendStream[Event], status: Callable[
 
 async def checkpoint_commits(save_dir: Path, cfg: Config, send: ObjectSendStream[Event], *,
                              task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-    """The checkpoint watcher's events (logged here) -> :class:`CheckpointSeen`."""
+    """The checkpoint watcher's events (logged here); each commit -> :class:`CheckpointCommitted`."""
     watcher = ckptwatch.CheckpointWatcher(save_dir, mode=cfg.train.watch, poll_interval=cfg.train.poll_interval,
                                           rescan_interval=cfg.train.rescan_interval)
 
     async def emit(ev: dict[str, Any]) -> None:
         log.info(ev["event"], **{k: v for k, v in ev.items() if k != "event"})
-        await send.send(CheckpointSeen(ev))
+        if ev["event"] == "checkpoint.committed":  # the others (ahead, partial) are only logged
+            await send.send(CheckpointCommitted(int(ev["iteration"]), str(ev["path"]), ev.get("bytes"),
+                                                ev.get("latency_ms")))
 
     await watcher.run(emit, task_status=task_status)
+
+
+async def hygiene_scan(roots: set[Path], max_bytes: int, when: str, send: ObjectSendStream[Event]) -> None:
+    """The repo hygiene scan (issue 9; it only reads, never deletes) -> :class:`HygieneFound`."""
+    await send.send(HygieneFound(when, await hygiene.scan_roots(roots, max_bytes)))
 
 
 async def watchdog(notifier: Notifier) -> None:

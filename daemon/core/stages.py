@@ -61,3 +61,14 @@ async def attempt(state: State, ctx: base.RoundContext, spec: ProcessSpec,
     except Exception as exc:  # logged, then retried
         log.exception("stage.crashed", state=state.value)
         return base.Outcome.retry(f"{type(exc).__name__}: {exc}")
+
+
+class RunningStage:
+    """The cancel scope of the one stage task that runs now (a shutdown cancels it)."""
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()

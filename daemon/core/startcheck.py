@@ -1,5 +1,6 @@
-"""The one judgement of a config before it is used: at ``run``'s start and at a SIGHUP reload
-(``check`` reports the same lines, daemon/ops/check.py, plus its machine checks).
+"""The one judgement of a config before it is used: at ``run``'s start (daemon/ops/run.py), at a
+SIGHUP reload (sources.reloaded), and first in ``check``'s list (daemon/ops/check.py, which adds
+its machine checks).
 
 :func:`start_problems` is what ``run`` refuses before anything starts (exit 3) and what a
 reload refuses whole (the running config stays): the layout and command validation shared
@@ -16,12 +17,14 @@ from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.services.validate import problems as validation_problems
+from shoprld.daemon.services.validate import Problem, problems as validation_problems
 
 
-def start_problems(cfg: Config, layout: Layout, secrets: Secrets) -> list[str]:
-    """Every reason not to run ``cfg``, one line each, in a stable order (empty: it may run)."""
-    out = [p.line() for p in validation_problems(cfg, layout)]
+def start_problems(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Problem] | None = None) -> list[str]:
+    """Every reason not to run ``cfg``, one line each, in a stable order (empty: it may run).
+    ``invalid``: the validation's problems when the caller already has them."""
+    found = validation_problems(cfg, layout) if invalid is None else invalid
+    out = [p.line() for p in found]
     try:
         secrets.require(cfg.required_secrets())
     except ConfigError as exc:

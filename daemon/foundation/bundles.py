@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from shoprld.daemon.foundation.proctable import session_pids
 from shoprld.daemon.foundation.secrets import Redactor
 
 TAIL_BYTES = 64 * 1024
@@ -70,20 +71,6 @@ def py_spy_binary() -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("py-spy")
-
-
-def session_pids(sid: int) -> list[int]:
-    """Every live process of session ``sid`` (a child runs as its own session leader)."""
-    out: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) == sid:
-                out.append(int(entry.name))
-        except OSError:
-            continue
-    return sorted(out)
 
 
 def _run(argv: Sequence[str], timeout: float) -> str:

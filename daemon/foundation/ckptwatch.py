@@ -287,7 +287,6 @@ class CheckpointWatcher:
         self._call_soon: Callable[[Callable[[], None]], None] | None = None
         self._poke_pending = False
         self._overflow = False
-        self._last_scan: Scan | None = None
         self._cache: _ScanCache = {}
         self._running = False
 
@@ -295,11 +294,6 @@ class CheckpointWatcher:
     def mode(self) -> WatchMode | None:
         """The mode in effect (None before :meth:`run`); ``poll`` after a watch-limit fallback."""
         return self._mode
-
-    @property
-    def last_scan(self) -> Scan | None:
-        """The most recent scan (None before the first)."""
-        return self._last_scan
 
     def notify_overflow(self) -> None:
         """Force an immediate full rescan, as after an inotify queue overflow. Thread-safe.
@@ -436,7 +430,6 @@ class CheckpointWatcher:
             result = await anyio.to_thread.run_sync(_scan, self.save_dir, self._cache, abandon_on_cancel=True)
         else:
             result = _scan(self.save_dir, self._cache)
-        self._last_scan = result
         for event in self._differ.diff(result, now_wall=self._wall()):
             ret = emit(event)
             if inspect.isawaitable(ret):

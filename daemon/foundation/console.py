@@ -1,4 +1,4 @@
-"""The terminal view of ``shoprld run`` and ``shoprld demo``, for a person (issue 18, item 7).
+"""The terminal view of ``shoprld run`` and ``shoprld demo``, for a person (issue 18).
 
 Three outputs, picked by :func:`terminal_mode`:
 
@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from shoprld.daemon.foundation.status import round_label
-from shoprld.daemon.foundation.statusview import fmt_duration
+from shoprld.daemon.foundation.units import human_duration, round_label
 
 LIVE = "\r"  # a rendered line starting with this replaces the live progress line
 # The run's fatal line: `shoprld run` prints it in full on stderr at exit (``final_message``),
@@ -95,7 +94,7 @@ class CompactRenderer:
             eta = ""
             if isinstance(s, (int, float)) and s > 0:
                 rate = f"  {s:.2f} s/step" if s >= 0.1 else f"  {1 / s:.1f} steps/s"
-                eta = f"  ETA {fmt_duration(max(0, total - step) * s)}"
+                eta = f"  ETA {human_duration(max(0, total - step) * s)}"
             return f"{LIVE}{now}  {self._round(ev)}  TRAIN {_bar(step, total)} {step}/{total}{rate}{eta}"
         if name == "round.done":
             val = ev.get("val")
@@ -103,7 +102,7 @@ class CompactRenderer:
             dur = ev.get("duration_seconds")
             return (f"{now}  {self._round(ev)}  done: {metric} {_short(val) if val is not None else '-'}, "
                     f"gate {ev.get('gate') or '-'}, skillbank {ev.get('branch') or '-'}"
-                    + (f", {fmt_duration(dur)}" if isinstance(dur, (int, float)) else ""))
+                    + (f", {human_duration(dur)}" if isinstance(dur, (int, float)) else ""))
         if name == "campaign.done":
             return f"{now}  campaign finished: {ev.get('reason')}"
         if name == "daemon.stopped":

@@ -44,6 +44,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from shoprld.daemon.foundation.diskbudget import Limits
+from shoprld.daemon.foundation.units import human_bytes
 
 __all__ = [
     "DISK_FULL_ERRNOS",
@@ -58,7 +59,6 @@ __all__ = [
     "Sampler",
     "Verdict",
     "classify",
-    "human_bytes",
     "is_enospc",
     "log_says_enospc",
     "monitor",
@@ -486,18 +486,3 @@ def enospc_line(text: str) -> str:
             if _TORCH_WRITER.search(ln):
                 return ln.strip()[:300]
     return ""
-
-
-# --------------------------------------------------------------------------------------------
-# Bytes for messages (the guard's reasons, the park line, the preflight and the operations)
-# --------------------------------------------------------------------------------------------
-
-
-def human_bytes(n: float) -> str:
-    """Bytes for messages: ``512 B``, ``20.0 MiB``, ``53.1 GiB``."""
-    v, unit = float(n), "B"
-    for u in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(v) < 1024:
-            break
-        v, unit = v / 1024, u
-    return f"{int(n)} B" if unit == "B" else f"{v:.1f} {unit}"

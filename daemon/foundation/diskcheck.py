@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoprld.daemon.foundation.disk import DISK_FULL_ERRNOS, human_bytes, sample
+from shoprld.daemon.foundation.disk import DISK_FULL_ERRNOS, sample
+from shoprld.daemon.foundation.units import human_bytes
 
-__all__ = ["PreflightProblem", "df_summary", "preflight"]
+__all__ = ["PreflightProblem", "df_summary", "check_volume"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,7 +51,7 @@ class PreflightProblem:
         return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def preflight(
+def check_volume(
     *,
     ephemeral_root: Path,
     repo: Path,

@@ -11,8 +11,8 @@ the reproducibility record carry, for every distinct stage interpreter:
   torch CUDA version is read from ``torch/version.py``. Bounded by a timeout; a tool that is
   not installed is ``absent``;
 - a warning when a visible GPU's compute capability (``nvidia-smi --query-gpu=compute_cap``)
-  differs from the SM the envs were built for (an argument here; the config key is the
-  lead's: ``gpus.build_sm``).
+  differs from the SM the envs were built for (an argument here; the config key is
+  ``gpus.build_sm``).
 
 Only the standard library at import time, so ``python daemon/foundation/envinfo.py --expected-sm 80``
 also runs on a bare box.

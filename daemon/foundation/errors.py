@@ -4,10 +4,11 @@
     ├── ConfigError              3  bad campaign file, bad .env, missing secret
     ├── LockError                3  another daemon holds the campaign's state dir
     ├── PreflightError           3  the volume or the repo is not fit to start on
-    ├── DiskParked               4  parked in PAUSED_DISK for disk pressure
     ├── NoSpace                  4  a write of the daemon's own (state dir, log) did not fit
-    ├── GateStopped              5  the gate policy stopped the campaign
     └── StageFailed              6  a stage failed after its retries
+
+A park for disk pressure (4) and the gate policy's stop (5) are not errors: the machine
+decides them (daemon/round/machine.py) and the engine exits with their codes.
 
 Every message is ONE line for the operator: what, where, and the fix. The CLI prints
 ``shoprld: <message>`` and exits with ``exit_code``; a traceback only with ``--debug``.
@@ -56,23 +57,11 @@ class PreflightError(ShoprldError):
     exit_code = EXIT_CONFIG
 
 
-class DiskParked(ShoprldError):
-    """The campaign parked in PAUSED_DISK; free space, then run again."""
-
-    exit_code = EXIT_DISK
-
-
 class NoSpace(ShoprldError):
     """A file of the daemon's own (the state dir's record, its log) could not be written: its
     filesystem is full. The campaign stopped; free space, then run again (it resumes)."""
 
     exit_code = EXIT_DISK
-
-
-class GateStopped(ShoprldError):
-    """The gate failed and the configured policy stops the campaign."""
-
-    exit_code = EXIT_GATE
 
 
 class StageFailed(ShoprldError):

@@ -106,3 +106,21 @@ def identity_fields(config: Path, data: Mapping[str, Any]) -> tuple[str, str, Pa
 
     return (str(camp.get("name", "")), str(camp.get("experiment", "main")), path("repo", "."),
             path("ephemeral_root", "/ephemeral"))
+
+
+def tree_bytes(path: Path) -> int:
+    """Apparent size of a file or tree; symlinks are not followed (a link counts as itself)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total

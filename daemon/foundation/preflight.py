@@ -7,15 +7,15 @@ Used by the PREFLIGHT_DISK state (which raises on the first problem, exit 3) and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import disk, diskbudget, diskcheck
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.paths import tree_bytes
 
 
 def forecast_for(cfg: Config, last_checkpoint_bytes: int | None, *, present_bytes: int = 0) -> diskbudget.Forecast:
@@ -36,17 +36,6 @@ def limits_for(cfg: Config, total_bytes: int, checkpoint_bytes: int) -> diskbudg
                              hard_override=cfg.disk.hard_limit)
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def budget_for(cfg: Config, layout: Layout, *, sample: disk.DiskSample | None = None) -> diskbudget.Budget:
     """THE disk budget of this campaign now (`check`, PREFLIGHT_DISK, the save planner and the
     status plan read it): the newest ``keep_finals`` complete checkpoints and the HF dir already
@@ -57,7 +46,7 @@ def budget_for(cfg: Config, layout: Layout, *, sample: disk.DiskSample | None = 
     complete = [c for c in scan.checkpoints if c.complete]
     kept = sum(c.bytes for c in complete[-cfg.disk.keep_finals:]) if complete else 0
     hf = layout.hf_dir(cfg)
-    hf_present = _tree_bytes(hf) if hf.is_dir() else 0
+    hf_present = tree_bytes(hf) if hf.is_dir() else 0
     last = complete[-1].bytes if complete else None
     # A campaign of R rounds keeps at most R-1 finals of earlier rounds at its last peak.
     fc = forecast_for(cfg, last, present_bytes=kept + min(hf_present, cfg.disk.hf_estimate))
@@ -81,7 +70,7 @@ def need_line(cfg: Config, b: diskbudget.Budget) -> str:
             f"hard limit {human_bytes(b.limits.hard_bytes)})")
 
 
-def preflight_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightProblem]:
+def volume_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightProblem]:
     heavy = layout.heavy_paths(cfg)
     link = layout.project_root / "runs"
     if cfg.storage.manage_runs_link and not link.is_symlink() and not link.exists():
@@ -97,7 +86,7 @@ def preflight_problems(cfg: Config, layout: Layout) -> list[diskcheck.PreflightP
             # Refused: a first save that would cross the hard floor (the round could not end).
             # Less than an unattended run needs is `check`'s warning and the guard's park.
             need_bytes = b.next_save_bytes + b.limits.hard_bytes
-    return diskcheck.preflight(
+    return diskcheck.check_volume(
         ephemeral_root=layout.ephemeral_root, repo=layout.repo, heavy_paths=heavy,
         need_bytes=need_bytes, need_inodes=cfg.disk.min_inodes, require_mount=cfg.disk.require_mount,
         forbid_same_fs=cfg.disk.forbid_same_fs,

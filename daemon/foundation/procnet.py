@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoprld.daemon.foundation.proctable import pids
+
 TCP_LISTEN = 0x0A
 TABLES = ("tcp", "tcp6")
 
@@ -99,11 +101,7 @@ def socket_owners(inodes: Iterable[int], proc: Path = Path("/proc")) -> dict[int
     found: dict[int, list[int]] = {}
     if not want:
         return found
-    try:
-        entries = sorted(int(e) for e in os.listdir(proc) if e.isdigit())
-    except OSError:
-        return found
-    for pid in entries:
+    for pid in pids(proc):
         for inode in _socket_inodes(proc / str(pid)):
             if inode in want:
                 found.setdefault(inode, [])

@@ -1,4 +1,4 @@
-"""``rounds.jsonl``: each finished round's facts, written once (issue 16, step 5).
+"""``rounds.jsonl``: each finished round's facts, written once (issue 16).
 
 Why a file of its own. The facts about a finished round (its val metric, the gate's decision,
 the branch, how long it took) used to ride in every snapshot: every state.json write, every

@@ -6,7 +6,7 @@ corrupt one: the newest valid snapshot in the journal replaces it, else the disk
 Types are strict (no ``"3"`` -> 3, no ``true`` -> 1): the engine writes exact types, so
 anything else was not written by it. Unknown keys are kept (a newer engine may add some).
 
-A snapshot no longer carries the per-round facts (issue 16, step 5): they live in
+A snapshot no longer carries the per-round facts (issue 16): they live in
 ``rounds.jsonl`` (:mod:`.roundlog`) and the snapshot holds the cursor ``rounds_recorded``.
 ``rounds_done`` and ``round_durations`` stay in the schema for state dirs written by an older
 engine, which :meth:`~.store.Store.load` still reads.

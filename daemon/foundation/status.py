@@ -65,14 +65,6 @@ STOP_REASONS = {
     "done": "all rounds done",
 }
 
-def round_label(index: int, rounds: int) -> str:
-    """The one way rounds are named to people, everywhere: ``round-002 (3 of 5)``.
-
-    ``round-002`` is the 0-based id the files and the ledger use; ``3 of 5`` counts from one.
-    """
-    return f"round-{max(index, 0):03d} ({index + 1} of {rounds})" if rounds > 0 else f"round-{max(index, 0):03d}"
-
-
 # -- reading -------------------------------------------------------------------------
 
 

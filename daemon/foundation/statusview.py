@@ -1,23 +1,17 @@
-"""``shoprld status``'s human view, and the command: the document as a terminal or a pipe shows it.
+"""``shoprld status``'s human view: the document as a terminal or a pipe shows it.
 
 :func:`view` turns the document (:func:`.status.collect`) into rows of styled parts; one
 :func:`layout` feeds both renderers, so a terminal and a pipe show the same text, aligned the
-same. :func:`run_status` is the command (``--json``, ``--watch``). It reads only what
-:mod:`.status` reads and writes nothing but stdout.
+same. The command itself (``--json``, ``--watch``) is ``daemon/ops/statuscmd.py``.
 
 Speed budget: see :mod:`.status`. This module imports only the standard library at module
 level too. rich is imported lazily, and only for a terminal: piped or redirected output gets
 a plain-text rendering of the same view, which is faster, greppable and stable for scripts.
-The formatters (:func:`fmt_duration`, :func:`fmt_bytes`, :func:`fmt_count`) are the console's
-and the planner's as well.
+The numbers are written by :mod:`.units`, as everywhere else.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,10 +22,9 @@ from shoprld.daemon.foundation.status import (
     NOT_STARTED,
     PARKED_STATES,
     STOP_REASONS,
-    collect,
-    round_label,
     stop_cost_line,
 )
+from shoprld.daemon.foundation.units import human_bytes, human_count, human_duration, round_label
 
 Part = tuple[str, str]  # (text, rich style); the plain renderer ignores the style
 # A view item: ("kv", label, parts) or ("table", label, headers, rows of cells of parts).
@@ -45,55 +38,13 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def fmt_duration(seconds: float | None) -> str:
-    """Two units at most: 42s, 3m05s, 12m, 6h12m, 2d03h."""
-    if seconds is None or seconds != seconds or seconds in (float("inf"), float("-inf")):
-        return "?"
-    s = int(max(0.0, seconds) + 0.5)
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 10:
-        return f"{m}m{s:02d}s"
-    if m < 60:
-        return f"{m}m"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Binary units: 512 B, 1.5 KiB, 52.9 GiB, 612 GiB."""
-    if n is None:
-        return "?"
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(v)} B"
-            return f"{v:.0f} {unit}" if abs(v) >= 100 else f"{v:.1f} {unit}"
-        v /= 1024
-    return "?"  # pragma: no cover
-
-
-def fmt_count(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if n >= div:
-            return f"{n / div:.1f}{suffix}"
-    return str(int(n))
-
-
 def _str(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
 def _ago(t: Any, now: float) -> str:
     v = _num(t)
-    return "never" if v is None else f"{fmt_duration(now - v)} ago"
+    return "never" if v is None else f"{human_duration(now - v)} ago"
 
 
 def _bar(frac: float, width: int, unicode: bool) -> list[Part]:
@@ -159,7 +110,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
     # the daemon
     if alive:
         started = _num(d.get("started_at"))
-        up = f", up {fmt_duration(now - started)}" if started is not None else ""
+        up = f", up {human_duration(now - started)}" if started is not None else ""
         kv("daemon", ("alive", "bold green"), (f" (pid {d.get('pid')}{up})", ""))
     elif _num(d.get("last_seen")) is not None:
         last_pid = f" (last pid {d.get('pid')})" if d.get("pid") else ""
@@ -201,7 +152,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
             rate = f"  {step_s:.1f} s/step" if step_s >= 1 else f"  {1 / step_s:.1f} steps/s"
         kv("step", *_bar(step / spr, 24, unicode), (f" {step}/{spr}", "bold"),
            (f"  {100 * max(0, min(step, spr)) // spr}%", ""), (rate, "dim"),
-           (f"  ETA {fmt_duration(eta)}" if eta is not None else "", ""))
+           (f"  ETA {human_duration(eta)}" if eta is not None else "", ""))
 
     # what a plain stop would lose now (TRAIN only), and the stop that loses nothing
     cost = stop_cost_line(st.get("unsaved")) if alive else None
@@ -212,7 +163,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
     ck = st.get("last_checkpoint")
     if isinstance(ck, dict):
         kv("checkpoint", (f"iteration {ck.get('iteration')}", "bold"),
-           (f", {_ago(ck.get('committed_at'), now)}, {fmt_bytes(_num(ck.get('bytes')))}", ""),
+           (f", {_ago(ck.get('committed_at'), now)}, {human_bytes(_num(ck.get('bytes')))}", ""),
            ("  INCOMPLETE" if ck.get("complete") is False else "", "bold yellow"))
         if ck.get("path"):
             kv("", (str(ck.get("path")), "dim"))
@@ -225,11 +176,11 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
         level = _str(disk.get("level")) or "?"
         lstyle = {"ok": "green", "soft": "bold yellow", "hard": "bold red"}.get(level, "")
         total = _num(disk.get("total_bytes"))
-        kv("disk", (f"{disk.get('path')}  free ", ""), (fmt_bytes(_num(disk.get("free_bytes"))), lstyle or "bold"),
-           (f" of {fmt_bytes(total)}" if total else "", "dim"),
-           (f"  (soft {fmt_bytes(_num(disk.get('soft_limit_bytes')))}, "
-            f"hard {fmt_bytes(_num(disk.get('hard_limit_bytes')))})", ""),
-           (f"  {fmt_count(_num(disk.get('inodes_free')))} inodes free", "dim"),
+        kv("disk", (f"{disk.get('path')}  free ", ""), (human_bytes(_num(disk.get("free_bytes"))), lstyle or "bold"),
+           (f" of {human_bytes(total)}" if total else "", "dim"),
+           (f"  (soft {human_bytes(_num(disk.get('soft_limit_bytes')))}, "
+            f"hard {human_bytes(_num(disk.get('hard_limit_bytes')))})", ""),
+           (f"  {human_count(_num(disk.get('inodes_free')))} inodes free", "dim"),
            ("  [", ""), (level, lstyle), ("]", ""),
            (f"  sampled {_ago(disk.get('sampled_at'), now)}" if _num(disk.get("sampled_at")) else "", "dim"))
     else:
@@ -265,7 +216,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
         for c in kids:
             started = _num(c.get("started_at"))
             rows.append([(str(c.get("role", "?")), "bold"), (str(c.get("pid", "?")), ""),
-                         (fmt_duration(now - started) if started is not None else "?", ""),
+                         (human_duration(now - started) if started is not None else "?", ""),
                          (str(c.get("log") or ""), "dim")])
         items.append(("table", "children", ["role", "pid", "uptime", "log"], rows))
     else:
@@ -292,7 +243,7 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
             rows.append([(f"round-{idx:03d}" if isinstance(idx, int) else str(idx), ""),
                          (f"{val:.4g}" if val is not None else "-", "bold"), (str(r.get("metric_name") or ""), "dim"),
                          (gate or "-", {"complete": "green", "incomplete": "bold yellow"}.get(gate or "", "bold yellow" if gate else "dim")),
-                         (str(r.get("branch") or "-"), ""), (fmt_duration(dur) if dur is not None else "-", "")])
+                         (str(r.get("branch") or "-"), ""), (human_duration(dur) if dur is not None else "-", "")])
         items.append(("table", "rounds", ["round", "val", "metric", "gate", "branch", "duration"], rows))
     else:
         kv("rounds", ("none finished yet", "dim"))
@@ -317,19 +268,19 @@ def view(st: Mapping[str, Any], now: float, *, unicode: bool = True, config: Pat
         if deadline is None:
             left = "no deadline"
         elif deadline > now:
-            left = f"{fmt_duration(deadline - now)} left"
+            left = f"{human_duration(deadline - now)} left"
         else:
-            left = f"deadline passed {fmt_duration(now - deadline)} ago"
+            left = f"deadline passed {human_duration(now - deadline)} ago"
         kv("stop", (f"stop condition not yet met: {n_done}/{n_all} rounds, {left}", ""))
 
     plan = _dict(st.get("plan"))
     if plan and state in ACTIVE_STATES:
         med = _num(plan.get("median_round_seconds"))
         eta = _num(plan.get("campaign_eta_seconds"))
-        parts: list[Part] = [(f"campaign ETA {fmt_duration(eta)}" if eta is not None else
+        parts: list[Part] = [(f"campaign ETA {human_duration(eta)}" if eta is not None else
                               "campaign ETA unknown until a round finishes", "bold" if eta is not None else "dim")]
         if med is not None:
-            parts.append((f"  (~{fmt_duration(med)} a round)", "dim"))
+            parts.append((f"  (~{human_duration(med)} a round)", "dim"))
         nxt = plan.get("next_round")
         if isinstance(nxt, int):
             def yes_no(v: Any) -> Part:
@@ -408,59 +359,3 @@ def render_rich(items: list[Item], console: Any) -> Any:
         for n, piece in enumerate(body.wrap(console, max(20, console.width - LABEL_WIDTH))):
             out.append(Text.assemble(Text(*label) if n == 0 else indent, piece))
     return Group(*out)
-
-
-def _unicode_ok(stream: Any) -> bool:
-    enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
-    return enc.startswith("utf")
-
-
-def run_status(config_path: Path, as_json: bool = False, watch: bool = False, interval: float = 1.0) -> int:
-    """The ``shoprld status`` command. Returns the exit code (0; config errors raise)."""
-    interval = max(0.05, float(interval))
-    out = sys.stdout
-    try:
-        if as_json:
-            if not watch:
-                out.write(json.dumps(collect(config_path), indent=2) + "\n")
-                return 0
-            while True:  # one compact object per line (NDJSON), for `| jq`
-                out.write(json.dumps(collect(config_path), separators=(",", ":")) + "\n")
-                out.flush()
-                time.sleep(interval)
-        tty = out.isatty()
-        if not tty:
-            unicode = _unicode_ok(out)
-            while True:
-                out.write(render_plain(view(collect(config_path), time.time(), unicode=unicode, config=config_path)))
-                if not watch:
-                    return 0
-                out.write("\n")  # frames are separated by one blank line
-                out.flush()
-                time.sleep(interval)
-        from rich.console import Console  # lazy: rich only for a terminal (module docstring)
-
-        console = Console(highlight=False)
-        unicode = not console.options.ascii_only
-
-        def frame() -> Any:
-            return render_rich(view(collect(config_path), time.time(), unicode=unicode, config=config_path), console)
-
-        if not watch:
-            console.print(frame())
-            return 0
-        from rich.live import Live  # lazy: as Console above
-
-        with Live(frame(), console=console, auto_refresh=False, redirect_stdout=False) as live:
-            while True:
-                time.sleep(interval)
-                live.update(frame(), refresh=True)
-    except KeyboardInterrupt:  # Ctrl-C ends --watch: that is how one leaves it
-        return 0
-    except BrokenPipeError:  # `shoprld status | head`: the reader left, which is fine
-        # Point stdout at /dev/null so the interpreter's exit flush does not complain
-        # (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return 0

@@ -12,7 +12,7 @@ between the two, or a host crash that loses or tears state.json, leaves a journa
 ahead of state.json, and the rebuild prefers the newer of the two. Every other state.json
 write (temp, fsync, replace, fsync dir) is durable on its own.
 
-Persistence grows linearly with the rounds (issue 16, step 5): a finished round's facts are
+Persistence grows linearly with the rounds (issue 16): a finished round's facts are
 written once, as a journal record (``round.done``) and a line of ``rounds.jsonl``
 (:mod:`.roundlog`), never again in a snapshot. state.json and the journal's snapshots carry a
 cursor instead (``rounds_recorded``). :meth:`Store.load` reads the last snapshot (from the
@@ -164,7 +164,7 @@ def _write_all(fd: int, data: bytes) -> None:
 class LatestWriter:
     """Writes the newest bytes handed to it to one file, atomically, on its own thread.
 
-    Why (issue 17, item 5): a rename over an existing file is not free on ext4. With
+    Why (issue 17): a rename over an existing file is not free on ext4. With
     ``auto_da_alloc`` (the default) the kernel starts writing the new file's data back at the
     rename, and on a busy disk that rename blocked the event loop as long as an fsync did
     (cProfile of a demo campaign: 5.8 ms per status.json replace, 2-3 per hand-off). status.json

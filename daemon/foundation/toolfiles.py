@@ -1,8 +1,7 @@
 """Reading the files the real ShopSimRL tools write (``shared/contracts/shopsimrl-tools.md``).
 
 Each reader accepts exactly what the real tool writes, and nothing the tool does not write is
-required (the stand-ins used to add ``status: "ok"`` and ``weight_version``; the real tools
-never do). What a stage needs from a file is checked here, so a file that is torn (the
+required. What a stage needs from a file is checked here, so a file that is torn (the
 tools write atomically but do not fsync, and a killed tool leaves an older file) or is valid
 JSON of the wrong shape becomes one :class:`ToolOutputError` line that names the file and
 what is missing. The stage then retries or fails by its policy; the engine never crashes.
@@ -139,8 +138,6 @@ class BareSummary:
     completed: int
     failed: int
     primary: dict[str, Any] = field(default_factory=dict)
-    weight_version: str | None = None  # only the old stand-in wrote it; the real tool never does
-    has_weight_version: bool = False
 
 
 def read_bare_summary(path: Path) -> BareSummary | None:
@@ -155,10 +152,8 @@ def read_bare_summary(path: Path) -> BareSummary | None:
     if coverage is None:
         raise ToolOutputError(f"{path}: counts.coverage must be a number ({counts.get('coverage')!r})")
     primary = data.get("primary") if isinstance(data.get("primary"), dict) else {}
-    wv = data.get("weight_version")
     return BareSummary(coverage, _int(counts, "requested", path), _int(counts, "completed", path),
-                       _int(counts, "failed", path), dict(primary), str(wv) if wv is not None else None,
-                       "weight_version" in data)
+                       _int(counts, "failed", path), dict(primary))
 
 
 # -- online_gate_manifest.json ---------------------------------------------------------------------
@@ -170,7 +165,6 @@ class GateResult:
     dropped: int = 0
     observations: int | None = None
     requested: int | None = None
-    weight_version: str | None = None  # input.weight_version: only the old stand-in wrote it
 
 
 def read_gate(gate_dir: Path) -> GateResult | None:
@@ -183,15 +177,12 @@ def read_gate(gate_dir: Path) -> GateResult | None:
     status = data.get("status")
     if status not in ("complete", "incomplete"):
         raise ToolOutputError(f"{path}: 'status' must be complete or incomplete ({status!r})")
-    inp = data.get("input") if isinstance(data.get("input"), dict) else {}
-    wv = inp.get("weight_version")
     if status == "incomplete":
-        return GateResult("incomplete", weight_version=str(wv) if wv is not None else None)
+        return GateResult("incomplete")
     contrib = read_tool_json(gate_dir / "contributions.json") or {}
     dropped = contrib.get("dropped_episode_ids")
     obs = contrib.get("observations")
     req = contrib.get("requested_observations")
     return GateResult("complete", len(dropped) if isinstance(dropped, list) else 0,
                       obs if isinstance(obs, int) and not isinstance(obs, bool) else None,
-                      req if isinstance(req, int) and not isinstance(req, bool) else None,
-                      str(wv) if wv is not None else None)
+                      req if isinstance(req, int) and not isinstance(req, bool) else None)

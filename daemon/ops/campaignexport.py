@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.outputs import Protected, campaign_files, resolve_output, write_output
@@ -45,8 +45,8 @@ from shoprld.daemon.ops.oneshot import (
     open_campaign,
     read_json,
     refuse_if_running,
-    tree_bytes,
 )
+from shoprld.daemon.foundation.paths import tree_bytes
 from shoprld.daemon.ops.record import envinfo_doc, git_doc
 from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
 from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE

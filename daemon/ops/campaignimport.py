@@ -30,7 +30,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import identity
 from shoprld.daemon.ops.campaignexport import BUNDLE_FORMAT, BUNDLE_TOP, SMALL_SUFFIXES
 from shoprld.daemon.foundation.config import PATH_KEYS, Config, config_from_dict
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import COLUMNS, format_rows, parse_rows
@@ -239,7 +239,7 @@ class _Fence:
 
 
 @dataclass
-class _Plan:
+class _Writes:
     """Everything an import will write, checked before the first write."""
 
     writes: list[tuple[Path, bytes, str]] = field(default_factory=list)  # (dst, data, kind)
@@ -375,7 +375,7 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
     fence.check(layout.ledger, "storage.ledger")
     fence.check(layout.exp_dir, "the experiment dir (storage.user, campaign.name, campaign.experiment)", directory=True)
     fence.check(layout.hf_dir(cfg), "export.hf_dir", directory=True)
-    plan = _plan_restore(files, rp, layout, cfg, fence)
+    todo = _writes_for(files, rp, layout, cfg, fence)
     ck = manifest.get("checkpoint")
     if ck:
         problem = _verify_checkpoint(layout.save_dir, ck)
@@ -395,7 +395,7 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
                 cfg_out.parent.mkdir(parents=True, exist_ok=True)
                 # re-checked at the rename: a FIFO or device put there since is never replaced
                 write_output(cfg_out, text.encode(), what="campaign file")
-            counts = _restore(files, rp, layout, plan)
+            counts = _restore(files, rp, layout, todo)
             # The explicit adoption (issue 15): the restored state now belongs to the re-pointed campaign.
             identity.write(layout.state_dir, identity.expected(cfg.campaign.name, cfg.campaign.experiment,
                                                                layout.repo, layout.ephemeral_root),
@@ -418,7 +418,7 @@ def _import(bundle: Path, files: dict[str, bytes], manifest: dict[str, Any], rep
                   f"({human_bytes(int(ck.get('bytes') or 0))})\n")
     out.write(f"  restored        {sum(counts.values())} files ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
               f"{rp.count} paths re-pointed\n")
-    for note in plan.skipped:
+    for note in todo.skipped:
         out.write(f"  not restored    {note}\n")
     for i in missing:
         out.write(f"  still missing   {i['what']}: copy {i['src']} to {_dest(i, old, rp)}\n")
@@ -436,22 +436,22 @@ def _dest(item: Mapping[str, Any], old: Mapping[str, Path], rp: Repointer) -> Pa
 _TEXT_SUFFIXES = (*SMALL_SUFFIXES, ".toml")
 
 
-def _plan_restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg: Config, fence: _Fence) -> _Plan:
+def _writes_for(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg: Config, fence: _Fence) -> _Writes:
     """Map each bundle member to its destination and check it (see :class:`_Fence`); writes nothing."""
-    plan = _Plan()
+    todo = _Writes()
 
     def text(data: bytes) -> bytes:
         return rp.text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 
     def add(dst: Path, data: bytes, kind: str, what: str) -> None:
         fence.check(dst, what)
-        plan.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, kind))
+        todo.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, kind))
 
     if "ledger/overflow.tsv" in files:
         add(layout.campaign_root / "ledger" / f"{layout.ledger.stem}.tsv", files["ledger/overflow.tsv"], "ledger",
             "the full ledger")
     if "ledger/repo.tsv" in files:
-        plan.ledger = text(files["ledger/repo.tsv"])
+        todo.ledger = text(files["ledger/repo.tsv"])
     for name, data in files.items():
         if name.startswith("exp/artifacts/"):
             add(layout.artifacts / name[len("exp/artifacts/"):], data, "artifacts", f"member {name}")
@@ -467,13 +467,13 @@ def _plan_restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, cfg
                 continue  # the user's own copy (in git, say) wins: an input is never overwritten
             why = fence.refusal(dst)
             if why is not None:
-                plan.skipped.append(f"inject.{key} ({dst} {why}): take it from the bundle's {name} yourself")
+                todo.skipped.append(f"inject.{key} ({dst} {why}): take it from the bundle's {name} yourself")
                 continue
-            plan.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, "inputs"))
-    return plan
+            todo.writes.append((dst, text(data) if dst.suffix in _TEXT_SUFFIXES else data, "inputs"))
+    return todo
 
 
-def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _Plan) -> dict[str, int]:
+def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, todo: _Writes) -> dict[str, int]:
     counts: dict[str, int] = {}
 
     # The state dir: state.json and status.json forget the old machine's processes.
@@ -506,14 +506,14 @@ def _restore(files: Mapping[str, bytes], rp: Repointer, layout: Layout, plan: _P
         atomic_write(state_dir / name, ("\n".join(lines) + "\n").encode() if lines else b"", mode=0o600)
         counts["state"] = counts.get("state", 0) + 1
     # The ledger: merged with whatever the new checkout already has (by round index).
-    for dst, data, kind in plan.writes:
+    for dst, data, kind in todo.writes:
         if kind == "inputs" and os.path.lexists(dst):
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(dst, data)
         counts[kind] = counts.get(kind, 0) + 1
-    if plan.ledger is not None:
-        _merge_ledger(layout.ledger, plan.ledger)
+    if todo.ledger is not None:
+        _merge_ledger(layout.ledger, todo.ledger)
         counts["ledger"] = counts.get("ledger", 0) + 1
     return counts
 

@@ -15,7 +15,6 @@ from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mism
 from shoprld.daemon.foundation.bundles import py_spy_binary
 from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
-from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.statefiles import state_dir_problems
 from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
@@ -24,11 +23,10 @@ from shoprld.daemon.services.gpus import build_probe
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.core.metrics import extras_problem, textfile_problem
-from shoprld.daemon.foundation.outputs import campaign_files
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
-from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, preflight_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, volume_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
+from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.round.saves import describe as describe_saves
 from shoprld.daemon.round.saves import plan as plan_saves
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
@@ -38,26 +36,19 @@ from shoprld.daemon.services.validate import problems as validation_problems
 
 def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Problem]) -> list[str]:
     """Everything that would stop `shoprld run` before any work, as one line each: first what
-    :func:`validate.problems` found (run refuses the same things at its start), then a too-long
-    TMPDIR, secrets and PREFLIGHT_DISK's checks."""
-    problems: list[str] = [p.line() for p in invalid]
+    run and a reload refuse (:func:`start_problems`, from ``invalid``: what
+    :func:`validate.problems` found), then a too-long TMPDIR, the state dir and PREFLIGHT_DISK's checks."""
+    # What run and a reload refuse (daemon/core/startcheck.py): the validation, the secrets, the
+    # notify endpoints (what a page would trip on), the metrics extra.
+    problems: list[str] = start_problems(cfg, layout, secrets, invalid)
     templates_ok = not any(p.template for p in invalid)  # else the must_exist paths cannot be read
     values: dict[str, str] = {}
     if templates_ok:
         values = dict(resolve(cfg, layout, 0).values)
     # A too-long TMPDIR early: it is a config error that only shows hours into a round.
     problems.extend(p.line() for p in tmpdir_problems(cfg, layout, values))
-    try:
-        secrets.require(cfg.required_secrets())
-    except Exception as exc:  # ConfigError: one line already
-        problems.append(str(exc))
-    problems.extend(endpoint_problems(cfg.notify, secrets, layout.env_file))  # what a page would trip on
     problems.extend(state_dir_problems(layout.state_dir))  # a FIFO or a dir at a state file's name
-    for missing in (extras_problem(cfg.metrics.textfile),
-                    textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))):
-        if missing:
-            problems.append(missing)
-    problems.extend(p.line() for p in preflight_problems(cfg, layout))
+    problems.extend(p.line() for p in volume_problems(cfg, layout))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))
     # The analyst's config is a file of the project, there before any round: judge it now.

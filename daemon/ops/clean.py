@@ -1,7 +1,7 @@
 """``shoprld clean`` (the etiquette's "Nettoyage"): free a finished or abandoned campaign's disk.
 
 A finished or abandoned campaign leaves tens of GB per checkpoint on ``/ephemeral``.
-:func:`plan_clean` lists exactly what may go, all of it derived from the campaign's
+:func:`cleanup_for` lists exactly what may go, all of it derived from the campaign's
 :class:`~shoprld.daemon.foundation.layout.Layout`:
 
 - the Megatron checkpoints (with ``--keep-final``: all but the newest committed one, whose
@@ -41,7 +41,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.reclaim import clear_dir_contents
 from shoprld.daemon.foundation.errors import EXIT_OK
 from shoprld.daemon.foundation.layout import Layout
@@ -53,8 +53,8 @@ from shoprld.daemon.ops.oneshot import (
     read_json,
     refuse_if_running,
     strictly_inside,
-    tree_bytes,
 )
+from shoprld.daemon.foundation.paths import tree_bytes
 from shoprld.daemon.ops.record import record_dir, write_record
 from shoprld.daemon.foundation.secrets import RedactingStream, Secrets
 from shoprld.daemon.foundation.store import STATE_FILE, atomic_write
@@ -73,7 +73,9 @@ class Doomed:
 
 
 @dataclass
-class CleanPlan:
+class Cleanup:
+    """What ``shoprld clean`` would delete, what it refuses and what it keeps, listed before any deletion."""
+
     campaign_root: Path
     items: list[Doomed] = field(default_factory=list)
     refused: list[tuple[Path, str]] = field(default_factory=list)
@@ -118,9 +120,9 @@ class _Guard:
         return None
 
 
-def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
+def cleanup_for(cfg: Config, layout: Layout, *, keep_final: bool) -> Cleanup:
     """What ``clean`` would delete, refuse and keep. Reads the disk; changes nothing."""
-    plan = CleanPlan(layout.campaign_root)
+    todo = Cleanup(layout.campaign_root)
     guard = _Guard(cfg, layout)
 
     def add(path: Path, what: str, mode: str) -> None:
@@ -128,7 +130,7 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
             return
         why = guard.refusal(path)
         if why is not None:
-            plan.refused.append((path, why))
+            todo.refused.append((path, why))
             return
         real = Path(os.path.realpath(path))
         if mode == "contents":
@@ -138,13 +140,13 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
                         return  # nothing to free
             except OSError:
                 return
-        plan.items.append(Doomed(path, what, tree_bytes(real), mode))
+        todo.items.append(Doomed(path, what, tree_bytes(real), mode))
 
     # Checkpoints.
     save = layout.save_dir
     facts = RoundPlan(cfg, layout, 0).save_dir_facts()  # one scan; the resume rule names the final
     scan, m, final = facts.scan, facts.mapping, facts.resume_point
-    plan.final = final
+    todo.final = final
     try:
         entries = sorted(os.scandir(save), key=lambda e: e.name)
     except OSError:
@@ -156,7 +158,7 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
         if it is not None:
             is_final = final is not None and it == final.iteration
             if keep_final and is_final:
-                plan.kept.append((f"final checkpoint {ckpt.iter_name(it)} (--keep-final)", p))
+                todo.kept.append((f"final checkpoint {ckpt.iter_name(it)} (--keep-final)", p))
                 continue
             state = "final, " if is_final else ""
             c = scan.get(it)
@@ -164,14 +166,14 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
             add(p, f"checkpoint {ckpt.iter_name(it)} ({state}, round-{m.round_of(it):03d})", "checkpoint")
         elif e.name == ckpt.TRACKER_NAME:
             if keep_final and final is not None:
-                plan.kept.append(("checkpoint tracker", p))
+                todo.kept.append(("checkpoint tracker", p))
             else:
                 add(p, "checkpoint tracker", "file")
         elif e.name == "rollout" and e.is_dir(follow_symlinks=False):
             if keep_final and final is not None:
                 for f in sorted(os.scandir(p), key=lambda x: x.name):
                     if re.search(rf"_{final.iteration}\.pt$", f.name):
-                        plan.kept.append((f"slime data state of {ckpt.iter_name(final.iteration)}", Path(f.path)))
+                        todo.kept.append((f"slime data state of {ckpt.iter_name(final.iteration)}", Path(f.path)))
                     else:
                         add(Path(f.path), "slime data state (older iteration)", "file")
             else:
@@ -186,20 +188,20 @@ def plan_clean(cfg: Config, layout: Layout, *, keep_final: bool) -> CleanPlan:
     # tmp, ray, wandb (contents only: the daemon recreates the dirs anyway).
     add(layout.tmp, "tmp dir contents", "contents")
     add(layout.ray_tmp, "ray dir contents", "contents")
-    wandb_before = len(plan.items)
+    wandb_before = len(todo.items)
     add(layout.wandb_dir, "wandb offline files", "contents")
-    if len(plan.items) > wandb_before and cfg.wandb.mode == "offline":
-        plan.notes.append(f"wandb offline runs in {layout.wandb_dir} are deleted: `wandb sync` them first "
+    if len(todo.items) > wandb_before and cfg.wandb.mode == "offline":
+        todo.notes.append(f"wandb offline runs in {layout.wandb_dir} are deleted: `wandb sync` them first "
                           "if they were never synced")
     add(layout.ballast, "disk ballast (recreated at the next start)", "file")
     if cfg.storage.blank_cache:
         add(layout.cache_root, "private cache (storage.blank_cache)", "tree")
     else:
-        plan.kept.append(("shared cache (never cleaned)", layout.cache_root))
-    plan.kept += [("logs", layout.logs), ("decision records", layout.artifacts),
+        todo.kept.append(("shared cache (never cleaned)", layout.cache_root))
+    todo.kept += [("logs", layout.logs), ("decision records", layout.artifacts),
                   ("small runs/ files (SkillBanks, curricula, summaries)", layout.runs),
                   ("state dir", layout.state_dir), ("ledger", layout.ledger)]
-    return plan
+    return todo
 
 
 def _eval_dumps(runs: Path) -> list[Path]:
@@ -223,10 +225,10 @@ def _eval_dumps(runs: Path) -> list[Path]:
     return out
 
 
-def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
-    """Delete the plan's items (each re-checked just before). Returns (bytes freed, errors)."""
+def execute(todo: Cleanup, guard_root: Path) -> tuple[int, list[str]]:
+    """Delete the cleanup's items (each re-checked just before). Returns (bytes freed, errors)."""
     freed, errors = 0, []
-    for item in plan.items:
+    for item in todo.items:
         real = Path(os.path.realpath(item.path))
         try:
             if item.mode == "checkpoint":  # retention.py alone deletes checkpoints (trash-renamed first)
@@ -241,7 +243,7 @@ def execute(plan: CleanPlan, guard_root: Path) -> tuple[int, list[str]]:
             elif item.mode == "file":
                 moved = os.path.realpath(item.path) != str(real)
                 if moved or not strictly_inside(str(real), os.path.realpath(guard_root)):
-                    raise ValueError(f"{item.path}: moved outside the campaign root since the plan")
+                    raise ValueError(f"{item.path}: moved outside the campaign root since it was listed")
                 os.unlink(real)
                 freed += item.bytes
             else:
@@ -266,47 +268,47 @@ def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *,
     cfg, layout = camp.cfg, camp.layout
     refuse_if_running(layout.state_dir, "clean")
     if dry_run:
-        plan = plan_clean(cfg, layout, keep_final=keep_final)
-        _print_plan(plan, cfg, layout, out, dry_run=True)
+        todo = cleanup_for(cfg, layout, keep_final=keep_final)
+        _print_cleanup(todo, cfg, layout, out, dry_run=True)
         out.write(f"would write the reproducibility record to {record_dir(cfg, layout)}/\n")
         return EXIT_OK
     with OneShotLock(layout.state_dir, "clean", redactor=camp.secrets.redactor) as store:
-        plan = plan_clean(cfg, layout, keep_final=keep_final)
-        _print_plan(plan, cfg, layout, out, dry_run=False)
+        todo = cleanup_for(cfg, layout, keep_final=keep_final)
+        _print_cleanup(todo, cfg, layout, out, dry_run=False)
         rec, files = write_record(camp, before_clean=True)
-        freed, errors = execute(plan, layout.campaign_root)
-        _write_cleanup(rec, plan, freed, errors, keep_final, camp.secrets)
+        freed, errors = execute(todo, layout.campaign_root)
+        _write_cleanup(rec, todo, freed, errors, keep_final, camp.secrets)
         out.write(f"reproducibility record: {rec}/ ({len(files) + ('cleanup.json' not in files)} files)\n")
         store.append({"event": "campaign.cleaned", "freed_bytes": freed, "keep_final": keep_final,
-                      "deleted": [str(i.path) for i in plan.items], "record": str(rec),
-                      "refused": [str(p) for p, _ in plan.refused]})
+                      "deleted": [str(i.path) for i in todo.items], "record": str(rec),
+                      "refused": [str(p) for p, _ in todo.refused]})
     for e in errors:
         out.write(f"  could not delete: {e}\n")
-    out.write(f"freed {human_bytes(freed)} ({len(plan.items) - len(errors)} of {len(plan.items)} paths)\n")
+    out.write(f"freed {human_bytes(freed)} ({len(todo.items) - len(errors)} of {len(todo.items)} paths)\n")
     return EXIT_OK
 
 
-def _print_plan(plan: CleanPlan, cfg: Config, layout: Layout, out: TextIO, *, dry_run: bool) -> None:
+def _print_cleanup(todo: Cleanup, cfg: Config, layout: Layout, out: TextIO, *, dry_run: bool) -> None:
     state = read_json(layout.state_dir / STATE_FILE) or {}
     st, rnd = state.get("state"), state.get("round")
     out.write(f"shoprld clean{' --dry-run' if dry_run else ''}: campaign {cfg.campaign.name} / "
               f"{cfg.campaign.experiment} (state {st or 'never started'}"
               f"{f', round-{rnd:03d}' if isinstance(rnd, int) else ''})\n")
     out.write(f"campaign root  {layout.campaign_root}\n")
-    if st not in (None, "DONE") and not any("final" in k for k, _ in plan.kept):
+    if st not in (None, "DONE") and not any("final" in k for k, _ in todo.kept):
         out.write(f"note: the campaign is not DONE ({st}); without --keep-final it cannot resume after this\n")
-    out.write(("would delete:\n" if dry_run else "deleting:\n") if plan.items else "nothing to delete\n")
-    width = max((len(i.what) for i in plan.items), default=0)
-    for i in plan.items:
+    out.write(("would delete:\n" if dry_run else "deleting:\n") if todo.items else "nothing to delete\n")
+    width = max((len(i.what) for i in todo.items), default=0)
+    for i in todo.items:
         out.write(f"  {human_bytes(i.bytes):>10}  {i.what:<{width}}  {_short(i.path, layout.campaign_root)}\n")
-    if plan.items:
-        out.write(f"  {human_bytes(plan.total):>10}  total, {len(plan.items)} paths\n")
-    for p, why in plan.refused:
+    if todo.items:
+        out.write(f"  {human_bytes(todo.total):>10}  total, {len(todo.items)} paths\n")
+    for p, why in todo.refused:
         out.write(f"  refused     {p}: {why}\n")
     out.write("keeping:\n")
-    for what, p in plan.kept:
+    for what, p in todo.kept:
         out.write(f"  {what}: {p}\n")
-    for n in plan.notes:
+    for n in todo.notes:
         out.write(f"note: {n}\n")
 
 
@@ -318,12 +320,12 @@ def _short(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _write_cleanup(rec: Path, plan: CleanPlan, freed: int, errors: list[str], keep_final: bool,
+def _write_cleanup(rec: Path, todo: Cleanup, freed: int, errors: list[str], keep_final: bool,
                    secrets: Secrets) -> None:
     doc = {
         "cleaned_at": time.time(), "host": socket.gethostname(), "keep_final": keep_final, "freed_bytes": freed,
-        "deleted": [{"path": str(i.path), "what": i.what, "bytes": i.bytes} for i in plan.items],
-        "refused": [{"path": str(p), "reason": r} for p, r in plan.refused],
-        "kept": [{"what": w, "path": str(p)} for w, p in plan.kept], "errors": errors,
+        "deleted": [{"path": str(i.path), "what": i.what, "bytes": i.bytes} for i in todo.items],
+        "refused": [{"path": str(p), "reason": r} for p, r in todo.refused],
+        "kept": [{"what": w, "path": str(p)} for w, p in todo.kept], "errors": errors,
     }
     atomic_write(rec / "cleanup.json", secrets.redact(json.dumps(doc, indent=2) + "\n").encode())

@@ -241,7 +241,7 @@ def cmd_notify_crashed(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.templates import write_template  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.initcmd import write_template  # lazy: the status path stays on the stdlib
 
     path = Path(args.path)
     write_template(path, force=args.force)
@@ -264,7 +264,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.statusview import run_status  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.statuscmd import run_status  # lazy: the status path stays on the stdlib
 
     return run_status(Path(args.config), as_json=args.json, watch=args.watch, interval=args.interval)
 
@@ -277,7 +277,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from shoprld.daemon.foundation.ledger import print_ledger  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.ops.ledgercmd import print_ledger  # lazy: the status path stays on the stdlib
 
     return print_ledger(Path(args.config), as_json=args.json)
 

@@ -10,8 +10,6 @@ commands' own rules (clean's refusals, import's fence) are built from them.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,24 +83,6 @@ def refuse_if_running(state_dir: Path, action: str) -> None:
         pid = "" if holder is True else f" (pid {holder})"
         raise LockError(f"{action} refused: a shoprld daemon{pid} runs this campaign ({state_dir}); "
                         "fix: `shoprld stop` it first, then rerun")
-
-
-def tree_bytes(path: Path) -> int:
-    """Apparent size of a file or tree; symlinks are not followed (a link counts as itself)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return 0
-    if not stat.S_ISDIR(st.st_mode):
-        return st.st_size
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
 
 
 def read_json(path: Path) -> Any:

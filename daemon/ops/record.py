@@ -27,7 +27,7 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import envinfo
 from shoprld.daemon.services.commands import describe_commands
 from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.ledger import Ledger, format_rows, git_info
 from shoprld.daemon.ops.oneshot import Campaign, read_json

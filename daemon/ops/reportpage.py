@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.statusview import fmt_bytes, fmt_duration
+from shoprld.daemon.foundation.units import human_bytes, human_duration
 from shoprld.daemon.ops.reportdata import ReportData, as_int, as_num
 from shoprld.daemon.ops.trainlog import X_ROLLOUT, X_STEP
 
@@ -359,7 +359,7 @@ def best_round(d: ReportData) -> str:
 def header(d: ReportData) -> str:
     """What a morning reader wants first: where it stands, how long, the best round, and what went wrong."""
     c = d.counts
-    wall = fmt_duration(d.span[1] - d.span[0]) if d.span else "not started"
+    wall = human_duration(d.span[1] - d.span[0]) if d.span else "not started"
     since = f" since {_when(d.span[0])}" if d.span else ""
     by_cause: dict[str, int] = {}
     for f in d.failures:
@@ -456,11 +456,11 @@ def render(d: ReportData) -> str:
                 ["round", "success ±1 s.e.", "reward ±1 s.e.", "N", "gate", "branch", "duration"],
                 [(f"round-{r['round']:03d}", _pm(as_num(r.get("val")), _sem(d, r["round"])),
                   _pm(d.vals[r["round"]].reward_mean, d.vals[r["round"]].reward_sem) if r["round"] in d.vals else "",
-                  _n(d, r["round"]), r.get("gate"), r.get("branch"), fmt_duration(as_num(r.get("duration_seconds"))))
+                  _n(d, r["round"]), r.get("gate"), r.get("branch"), human_duration(as_num(r.get("duration_seconds"))))
                  for r in d.rounds_done]) + "</section>")
     parts.append('<section id="checkpoints"><h2>Checkpoint saves</h2>' + (_table(
         ["when", "round", "iteration", "size", "commit latency"],
-        [(_when(c["t"]), f"round-{c['round']:03d}", c["iteration"], fmt_bytes(as_num(c["bytes"])),
+        [(_when(c["t"]), f"round-{c['round']:03d}", c["iteration"], human_bytes(as_num(c["bytes"])),
           f"{c['latency_ms']:.0f} ms" if as_num(c.get("latency_ms")) is not None else "") for c in d.checkpoints])
         if d.checkpoints else "<p class=dim>none journaled yet</p>") + "</section>")
     if d.ledger:

@@ -14,7 +14,6 @@ import anyio
 
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.foundation.console import Campaign, terminal_mode
-from shoprld.daemon.foundation.endpoints import endpoint_problems
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.logs import configure
@@ -23,8 +22,7 @@ from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.boxcheck import box_refusals
 from shoprld.daemon.services.validate import validate
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.core.metrics import extras_problem, textfile_problem
-from shoprld.daemon.foundation.outputs import campaign_files
+from shoprld.daemon.core.startcheck import start_problems
 
 
 def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = False,
@@ -49,13 +47,12 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     configure(level="DEBUG" if debug else "INFO", json_stdout=mode == "json",
               compact=Campaign(cfg.campaign.rounds, cfg.campaign.steps_per_round) if mode == "compact" else None,
               redactor=secrets.redactor)
-    secrets.require(cfg.required_secrets())  # notify.endpoints' url_env/token_env among them
-    # A URL or token httpx cannot send to is refused now, not at the first page (the same
-    # lines as `check` and a reload).
-    for problem in [*endpoint_problems(cfg.notify, secrets, layout.env_file), extras_problem(cfg.metrics.textfile),
-                    textfile_problem(cfg.metrics.textfile, campaign_files(cfg.source, layout))]:
-        if problem:
-            raise ConfigError(problem)
+    # The one judgement of a config before it is used (the same lines as `check` and a reload):
+    # the secrets it needs (notify.endpoints' url_env/token_env among them), a URL or token
+    # httpx cannot send to (refused now, not at the first page), the metrics extra.
+    refused = start_problems(cfg, layout, secrets, invalid=[])  # validate() passed above
+    if refused:
+        raise ConfigError(refused[0])
     engine = Engine(cfg, layout, secrets, launcher=launcher, wait_for_space=wait_for_space, adopt_state=adopt_state)
     code = anyio.run(engine.main)
     if code and engine.final_message:

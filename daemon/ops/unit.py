@@ -224,7 +224,7 @@ def instance_name(config_path: Path) -> str:
 
 def render(config_path: str | os.PathLike[str], *, user: bool, version: int | None = None,
            environ: Mapping[str, str] = os.environ, command: list[str] | None = None) -> Rendered:
-    """Render the unit for one campaign file; see :func:`render_unit`."""
+    """Render the unit for one campaign file (its ``.text`` is the ``shoprld@.service`` file)."""
     # absolute, NOT resolved: a symlinked /etc/shoprld/NAME.toml keeps its name and dir.
     config = Path(os.path.abspath(os.fspath(config_path)))
     inst = instance_name(config)
@@ -334,11 +334,6 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
                             f"{there}, by hand in {here}; set storage.user in {config} to pin it")
     return Rendered(text=text, instance=inst, config=config, user_mode=user, state_dir=unit_state,
                     warnings=tuple(warnings))
-
-
-def render_unit(config_path: str | os.PathLike[str], *, user: bool) -> str:
-    """The ``shoprld@.service`` text for this machine's paths and this campaign file."""
-    return render(config_path, user=user).text
 
 
 def unit_path(user: bool, environ: Mapping[str, str] = os.environ) -> Path:

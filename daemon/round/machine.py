@@ -24,7 +24,8 @@ checkpoint resumes at EXPORT_HF without anybody typing ``RESUME_ROUND=1``, and w
 committed state ever runs twice.
 
 What happens next is decided here too, by :func:`decide`: a pure function of the state,
-what its stage came to (an :class:`Ending`), the :class:`Counters` kept with the state (the
+what happened there (an :class:`Occurrence`: its stage's outcome, a checkpoint, a disk level,
+a stop), the :class:`Counters` kept with the state (the
 round, the attempt, each state's consecutive failures: Supervisor's backoff count), the
 stop mode and the :class:`Deadline`. It returns a :class:`Decision`: the next state, the
 trigger that leads there (always one of the table's), and the one :data:`Action` the engine
@@ -171,12 +172,11 @@ _V = TypeVar("_V")
 
 # -- decide(): the next state and what to do, as a pure function -----------------------------
 
-EndingKind = Literal[
+OccurrenceKind = Literal[
     "done",        # the stage's output is on disk
     "skipped",     # the output was already on disk: the stage did not run (no stop or park point)
     "retry",       # the attempt failed; the stage may run again
     "fail",        # the stage says the campaign cannot go on (exit 6)
-    "stopped",     # the stage honoured a stop request; treated as a failure if it ever arrives
     "gate_stop",   # the gate policy says stop (exit 5)
     "disk",        # ENOSPC met during the stage
     "error",       # a ShoprldError: exit with its code, no transition (the operator must act)
@@ -189,15 +189,21 @@ EndingKind = Literal[
 
 
 @dataclass(frozen=True)
-class Ending:
-    """What happened in a state, as much as :func:`decide` needs of it."""
+class Occurrence:
+    """What happened in a state (a stage's outcome, or an event while it runs), as much as
+    :func:`decide` needs of it."""
 
-    kind: EndingKind
+    kind: OccurrenceKind
     message: str = ""
     progressed: bool = False  # the failed attempt moved forward (a new checkpoint): no backoff
     cause: Cause | None = None  # the classified cause of a failed attempt
     exit_code: int = EXIT_STAGE  # "error" only: the ShoprldError's code
     fits: bool = True  # "disk_soft" only: one more checkpoint still lands above the hard limit
+
+
+#: What ``shoprld stop`` may ask for: stop now, at the next checkpoint, or after the round.
+StopMode = Literal["now", "checkpoint", "round"]
+STOP_MODES: tuple[StopMode, ...] = ("now", "checkpoint", "round")
 
 
 @dataclass(frozen=True)
@@ -305,6 +311,8 @@ class Stay:
 
 
 Action = Enter | Retry | Park | Stop | Fail | Finish | Exit | Stay
+#: The actions that end the daemon's run (or park it): daemon/core/shutdown.py carries them out.
+END_ACTIONS = (Park, Stop, Fail, Finish, Exit)
 
 
 @dataclass(frozen=True)
@@ -317,39 +325,39 @@ class Decision:
     counters: Counters
 
 
-def decide(state: State, outcome: Ending, counters: Counters, stop_mode: str | None, deadline: Deadline,
+def decide(state: State, what: Occurrence, counters: Counters, stop_mode: StopMode | None, deadline: Deadline,
            retry: RetryPolicy) -> Decision:
-    """The machine's answer to ``outcome`` in ``state``; pure (no I/O, no clock).
+    """The machine's answer to ``what`` in ``state``; pure (no I/O, no clock).
 
     ``stop_mode`` is what the operator asked for (``now``, ``checkpoint``, ``round`` or None);
     ``retry`` is the state's retry policy.
     """
-    if outcome.kind == "error":
-        return Decision(state, None, Exit(outcome.message, outcome.exit_code), counters)
-    if outcome.kind in ("checkpoint", "disk_ok") and state not in WORKING_STATES:
+    if what.kind == "error":
+        return Decision(state, None, Exit(what.message, what.exit_code), counters)
+    if what.kind in ("checkpoint", "disk_ok") and state not in WORKING_STATES:
         return Decision(state, None, Stay(), counters)
     if state not in WORKING_STATES:  # no stage runs there; nothing may arrive (a bug)
-        raise IllegalTransition(f"{outcome.kind!r} cannot happen in {state.value}")
-    if outcome.kind == "stop":
+        raise IllegalTransition(f"{what.kind!r} cannot happen in {state.value}")
+    if what.kind == "stop":
         return _stop(state, counters)
-    if outcome.kind == "disk_hard":
-        return _park(state, counters, outcome.message)
-    if outcome.kind == "disk_soft":
-        if state is State.TRAIN and not outcome.fits:
-            return _park(state, counters, outcome.message + "; the next save cannot fit")
+    if what.kind == "disk_hard":
+        return _park(state, counters, what.message)
+    if what.kind == "disk_soft":
+        if state is State.TRAIN and not what.fits:
+            return _park(state, counters, what.message + "; the next save cannot fit")
         # Let the in-flight save (TRAIN) or the current stage finish, then park.
-        return Decision(state, None, Stay(), replace(counters, park_pending=outcome.message))
-    if outcome.kind == "disk_ok":
+        return Decision(state, None, Stay(), replace(counters, park_pending=what.message))
+    if what.kind == "disk_ok":
         return Decision(state, None, Stay(), replace(counters, park_pending=None))
-    if outcome.kind == "checkpoint":  # TRAIN's safe point: a pending park or a stop at checkpoint
+    if what.kind == "checkpoint":  # TRAIN's safe point: a pending park or a stop at checkpoint
         if state is State.TRAIN and counters.park_pending:
             return _park(state, counters, counters.park_pending)
         if state is State.TRAIN and stop_mode == "checkpoint":
             return _stop(state, counters)
         return Decision(state, None, Stay(), counters)
-    if outcome.kind == "skipped":
+    if what.kind == "skipped":
         return _advance(state, counters, deadline)
-    if outcome.kind == "done":
+    if what.kind == "done":
         done = replace(counters, attempt=1, failures=_without(counters.failures, state),
                        last_cause=_without(counters.last_cause, state))
         if done.park_pending:
@@ -358,13 +366,13 @@ def decide(state: State, outcome: Ending, counters: Counters, stop_mode: str | N
                 stop_mode == "round" and state is State.NEXT_ROUND:
             return _stop(state, done)
         return _advance(state, done, deadline)
-    if outcome.kind == "retry":
-        return _retry(state, outcome, counters, retry)
-    if outcome.kind == "disk":
-        return _park(state, counters, f"ENOSPC during {state.value}: {outcome.message}", enospc=True)
-    if outcome.kind == "gate_stop":
-        return _fail(state, counters, outcome.message, EXIT_GATE, "gate")
-    return _fail(state, counters, outcome.message, EXIT_STAGE, "failed")  # fail, stopped
+    if what.kind == "retry":
+        return _retry(state, what, counters, retry)
+    if what.kind == "disk":
+        return _park(state, counters, f"ENOSPC during {state.value}: {what.message}", enospc=True)
+    if what.kind == "gate_stop":
+        return _fail(state, counters, what.message, EXIT_GATE, "gate")
+    return _fail(state, counters, what.message, EXIT_STAGE, "failed")  # fail
 
 
 def _advance(state: State, c: Counters, deadline: Deadline) -> Decision:
@@ -385,18 +393,18 @@ def _advance(state: State, c: Counters, deadline: Deadline) -> Decision:
     return Decision(nxt, trigger, Enter(nxt), c)
 
 
-def _retry(state: State, outcome: Ending, c: Counters, retry: RetryPolicy) -> Decision:
-    cause = outcome.cause
+def _retry(state: State, what: Occurrence, c: Counters, retry: RetryPolicy) -> Decision:
+    cause = what.cause
     if cause is not None and cause.name in NO_THIRD_TRY and c.last_cause.get(state) == cause.name:
         return _fail(state, c, f"{state.value} failed twice in a row with {cause.name} ({cause.detail}); "
                      f"not retried a third time; fix: {cause.advice}", EXIT_STAGE, "failed")
-    n = 0 if outcome.progressed else c.failures.get(state, 0) + 1
+    n = 0 if what.progressed else c.failures.get(state, 0) + 1
     c = replace(c, restarts=c.restarts + 1, failures={**c.failures, state: n},
                 last_cause={**c.last_cause, state: cause.name} if cause is not None else c.last_cause)
     if not may_retry(n, retry.retries):
-        return _fail(state, c, f"{state.value} failed after {retry.retries + 1} attempts: {outcome.message}"
-                     + _why(cause, outcome.message), EXIT_STAGE, "failed")
-    return Decision(state, RETRY, Retry(Backoff(retry.backoff).delay(n), outcome.message),
+        return _fail(state, c, f"{state.value} failed after {retry.retries + 1} attempts: {what.message}"
+                     + _why(cause, what.message), EXIT_STAGE, "failed")
+    return Decision(state, RETRY, Retry(Backoff(retry.backoff).delay(n), what.message),
                     replace(c, attempt=c.attempt + 1))
 
 

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configvalues import parse_size
-from shoprld.daemon.foundation.disk import human_bytes
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.procnet import cmdline, listeners, socket_owners
 from shoprld.daemon.services.gpus import Owners, ray_head_sid

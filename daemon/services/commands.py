@@ -12,8 +12,8 @@ Two checks live here too, because they read the same resolved values:
 - :func:`port_mismatches`: the ShopSimRL emitter (and the analyst's own config, named by
   analysis.yaml, see :func:`analyst_config_mismatches`) hard-code ``127.0.0.1:5700`` and
   ``127.0.0.1:30000`` (and the two concurrencies) in the round YAMLs, so a recipe that moves
-  a port breaks the loop silently. TRAIN should call it right after ``train.emit_command``
-  and fail the round with its lines (see the lead's diff for ``states/train.py``).
+  a port breaks the loop silently. TRAIN calls it right after ``train.emit_command`` and
+  fails the round with its lines.
 - :func:`shopsim_exposure_warning`: ShopSim binds 0.0.0.0 with no authentication, so anyone
   who reaches its port can ``release_all`` mid-training. It connects to this host's own
   non-loopback addresses only, never to another host.

@@ -30,7 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from shoprld.daemon.foundation.proctable import pids
 from shoprld.daemon.services.gpuprobes import MIB, GpuProbe, GpuProbeError, GpuProcess
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.services.processes import pid_alive
 
 DEV_PREFIX = "/dev/nvidia"
@@ -89,10 +91,7 @@ def cuda_pids(role_of: Callable[[int], str | None], dev_prefix: str = DEV_PREFIX
     holds a CUDA context. The minor is of the first ``/dev/nvidia<N>`` it holds (not always
     nvidia-smi's index: shown, never used to filter)."""
     out: list[tuple[int, str, int]] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid in pids():
         role = role_of(pid)
         if role is None or not pid_alive(pid):
             continue
@@ -127,7 +126,7 @@ def held_bytes(procs: Sequence[GpuProcess]) -> int | None:
 
 
 def _mem(used: int | None) -> str:
-    return "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
+    return "memory n/a" if used is None else human_bytes(used)
 
 
 def failure_line(rest: Sequence[GpuProcess], survivors: Sequence[str], *, timeout: float, stage: str,

@@ -59,7 +59,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.to_thread
 
+from shoprld.daemon.foundation.proctable import environ, group_pids
 from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.services import gpucontainer
 from shoprld.daemon.services.gpuprobes import (
     MIB, AutoProbe, GpuProbe, GpuProbeError, GpuProcess, NoProbe, NvmlProbe, SmiProbe, build_probe, parse_compute_apps,
@@ -92,12 +94,8 @@ class Owners:
         """The child role ``pid`` came from ("ray" for the Ray head's session), or None if not ours."""
         if pid <= 1 or pid == os.getpid():
             return None
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            env = b""
         want = f"{CHILD_TAG}={self.tag_prefix}".encode()
-        for item in env.split(b"\0"):
+        for item in environ(pid):  # empty when gone, or not ours to read
             if item.startswith(want):
                 return item[len(want):].decode(errors="replace") or "?"
         if self.ray_sid is not None and self.ray_sid > 1:
@@ -126,7 +124,7 @@ class Holder:
     def phrase(self, survived: bool = False) -> str:
         """``pid 1234 (python, 20.1 GiB, not ours)``."""
         used = self.proc.used_bytes
-        mem = "memory n/a" if used is None else f"{used / 1024**3:.1f} GiB"
+        mem = "memory n/a" if used is None else human_bytes(used)
         whose = ("not ours" if self.kind == "foreign" else "exited, its memory not yet released"
                  if self.kind == "exited" else f"ours: {self.role}" + (", survived SIGKILL" if survived else ""))
         return f"pid {self.proc.pid} ({self.comm}, {mem}, {whose})"
@@ -173,18 +171,6 @@ def classify(procs: Iterable[GpuProcess], *, visible: Sequence[int], owners: Own
 
 
 # -- stopping what is ours ----------------------------------------------------------------------
-def _group_members(pgid: int) -> list[int]:
-    out: list[int] = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
-
-
 def _targets(pid: int, owners: Owners, is_live: Callable[[str], bool]) -> tuple[str, int]:
     """("group", pgid) when every member of pid's group is a straggler of ours, else ("pid", pid)."""
     try:
@@ -193,7 +179,7 @@ def _targets(pid: int, owners: Owners, is_live: Callable[[str], bool]) -> tuple[
         return "pid", pid
     if pgid <= 1 or pgid == os.getpgrp():
         return "pid", pid
-    for member in _group_members(pgid):
+    for member in group_pids(pgid):
         role = owners.role_of(member)
         if role is None or (role != ChildRole.RAY and is_live(role)):
             return "pid", pid
@@ -213,7 +199,7 @@ def _send(target: tuple[str, int], sig: int) -> None:
 def _target_alive(target: tuple[str, int], pid: int, ticks: int | None) -> bool:
     if pid_alive(pid, ticks):
         return True
-    return target[0] == "group" and any(pid_alive(m) for m in _group_members(target[1]))
+    return target[0] == "group" and any(pid_alive(m) for m in group_pids(target[1]))
 
 
 async def stop_stragglers(stragglers: Sequence[Holder], *, owners: Owners, is_live: Callable[[str], bool],

@@ -31,6 +31,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from shoprld.daemon.foundation.layout import runs_aside
+from shoprld.daemon.foundation.units import human_bytes
 
 DEFAULT_ALLOWED = ("reports/shoprld", ".env")
 CACHE_DIRS = (".cache", "wandb", "__pycache__", ".triton", ".ray", "ray_results", "huggingface", ".huggingface")
@@ -52,7 +53,7 @@ class HygieneWarning:
 
     def line(self) -> str:
         """One line for the event and the status view: the path, the size and the fix."""
-        size = (">= " if self.partial else "") + _human(self.bytes)
+        size = (">= " if self.partial else "") + human_bytes(self.bytes)
         what = {
             "large": "large untracked path in the repo checkout",
             "cache": "cache directory in the repo checkout",
@@ -214,15 +215,6 @@ def _walk(top: Path, repo: Path, allow: Sequence[str], deadline: float, max_byte
 def lines(warnings: Iterable[HygieneWarning]) -> list[str]:
     """The one-line form of each warning (what the engine puts in status ``warnings``)."""
     return [w.line() for w in warnings]
-
-
-def _human(n: int) -> str:
-    v, unit = float(n), "B"
-    for u in ("KiB", "MiB", "GiB", "TiB"):
-        if v < 1024:
-            break
-        v, unit = v / 1024, u
-    return f"{n} B" if unit == "B" else f"{v:.1f} {unit}"
 
 
 async def scan_roots(roots: Iterable[Path], max_bytes: int) -> list[str]:

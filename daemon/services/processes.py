@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 from anyio.abc import Process
 
+from shoprld.daemon.foundation.proctable import environ, pids
 from shoprld.daemon.foundation.roles import ChildRole
 
 if TYPE_CHECKING:
     from shoprld.daemon.round.plan import RoundValues
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 CHILD_TAG = "SHOPRLD_CHILD"
 
 
@@ -44,15 +44,9 @@ def tagged_pids(tag: str) -> list[int]:
         return []
     want = f"{CHILD_TAG}={tag}".encode()
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry.name}/environ").read_bytes()
-        except OSError:
-            continue
-        if want in env.split(b"\0") and proc_start_ticks(int(entry.name)) is not None:
-            found.append(int(entry.name))
+    for pid in pids():
+        if want in environ(pid) and proc_start_ticks(pid) is not None:
+            found.append(pid)
     return found
 
 
@@ -290,18 +284,3 @@ async def wait_port_free(host: str, port: int, timeout: float) -> bool:
     return False
 
 
-def uptime_s(record: ChildRecord) -> float:
-    return max(0.0, time.time() - record.started_at)
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def start_epoch(pid: int) -> float | None:
-    """The wall-clock start of ``pid`` (for "no two trainers at once" evidence)."""
-    ticks = proc_start_ticks(pid)
-    return None if ticks is None else _boot_time() + ticks / _CLK_TCK

@@ -28,7 +28,7 @@ Records: a job's :class:`ChildRecord` has ``pid = pgid = 0`` (no local process s
 it) and ``job_id`` = the submission id. :class:`RayJobChild` overrides every method that
 would signal a process group, so pgid 0 (which ``os.killpg`` reads as "my own group") is
 never signalled. The engine must keep a record whose ``job_id`` is set even though its pid
-is not alive (see the lead's diff for ``Engine._load``); without it, :meth:`start`'s re-attach
+is not alive (``Children.find_left`` does); without it, :meth:`start`'s re-attach
 still prevents a second job.
 
 Secrets: Ray runs the entrypoint through a shell, so every argv element is ``shlex.quote``d.
@@ -60,6 +60,7 @@ from typing import Any
 
 import anyio
 
+from shoprld.daemon.foundation.proctable import session_pids
 from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
@@ -170,19 +171,6 @@ def ray_tmpdir(layout: Layout) -> Path:
                           "short RAY_TMPDIR link) and rerun")
     link.symlink_to(target, target_is_directory=True)
     return link
-
-
-def session_pids(sid: int) -> list[int]:
-    """Every pid whose session id is ``sid`` (a Ray head started with start_new_session)."""
-    out: list[int] = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
 
 
 async def stop_session(sid: int, grace: float = 10.0) -> None:
@@ -492,5 +480,5 @@ def build_launcher(cfg: Config, layout: Layout) -> Launcher:
 
 __all__ = [
     "LIVE", "TERMINAL", "RayJobChild", "RayLauncher", "build_launcher", "entrypoint_of", "job_env", "ray_tmpdir",
-    "ray_tmpdir_path", "session_pids", "stop_session",
+    "ray_tmpdir_path", "stop_session",
 ]

@@ -186,7 +186,7 @@ class ShopsimService:
         """ShopSim answered "ready" within the last FRESH_READY_S (real seconds, not the clock
         seam: this is the age of an HTTP answer). Stages ask twice back to back (recover_leaks,
         then wait_ready): the second probe added a round trip to every trainer, val and gate
-        start without telling anything new (issue 17, item 5)."""
+        start without telling anything new (issue 17)."""
         return self._ready_seen is not None and time.monotonic() - self._ready_seen < FRESH_READY_S
 
     def vouch(self, save_dir: Path) -> None:

@@ -35,6 +35,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import ProcessSpec
 from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
 from shoprld.daemon.foundation.identity import has_state
+from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, RUNS_OWNER, Layout, runs_aside, runs_dir_fix
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.services.shopsim import start_script
@@ -98,7 +99,7 @@ def _disk_floors(cfg: Config, layout: Layout) -> Iterator[Problem]:
     for key, value in (("hard_limit", cfg.disk.hard_limit), ("soft_limit", cfg.disk.soft_limit)):
         if value is not None and value >= total:
             yield Problem(cfg.source, f"disk.{key}", f"is not below the size of the volume {layout.ephemeral_root} "
-                          f"({disk.human_bytes(total)})", disk.human_bytes(value),
+                          f"({human_bytes(total)})", human_bytes(value),
                           "lower it, or remove it (the defaults scale with disk.checkpoint_estimate)")
 
 

@@ -256,7 +256,7 @@ HANDOFF_PATH = [
     ("store.py", "save", "state.json: atomic_write (2 fsyncs + rename)"),
     ("store.py", "write_status", "status.json: render + write (or hand to the writer thread)"),
     ("snapshot.py", "status_doc", "status doc (plan included)"),
-    ("snapshot.py", "plan", "plan (planning.make_plan)"),
+    ("snapshot.py", "outlook", "outlook (outlook.make_outlook)"),
     ("children.py", "register", "child registration: persist (engine._on_register)"),
     ("children.py", "unregister", "child exit: status"),
     ("processes.py", "start", "spawn: open_process"),

@@ -35,7 +35,7 @@ import httpx
 from shoprld.daemon.foundation.config import load_config
 from shoprld.daemon.ops.demo import create_tree
 from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.services.ray import session_pids
+from shoprld.daemon.foundation.proctable import session_pids
 
 RUNNER = Path(__file__).resolve().parent / "ray_campaign_runner.py"
 RAY_BIN = Path(sys.executable).parent / "ray"

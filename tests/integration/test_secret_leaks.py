@@ -48,9 +48,9 @@ def test_canaries_appear_nowhere_after_a_crashed_and_resumed_campaign(tmp_path: 
         "cmdlines": "\n".join(sampler.cmdlines.values()),
     }
     try:
-        from shoprld.daemon.ops.unit import render_unit
+        from shoprld.daemon.ops.unit import render
 
-        texts["systemd unit"] = render_unit(campaign, user=False)
+        texts["systemd unit"] = render(campaign, user=False).text
     except ImportError:
         pass
     assert len(sampler.cmdlines) >= 10  # we did watch the children

@@ -14,7 +14,7 @@ import pytest
 from shoprld.daemon.foundation import disk, diskcheck, reclaim
 from shoprld.daemon.foundation.ballast import Ballast
 from shoprld.daemon.foundation.disk import Guard, Limits, is_enospc
-from shoprld.daemon.foundation.diskcheck import preflight
+from shoprld.daemon.foundation.diskcheck import check_volume
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import (  # noqa: F401  (fixtures "loop_ext4", "tmpfs")
@@ -63,9 +63,9 @@ def no_problems_but(problems: list[diskcheck.PreflightProblem], what: str) -> st
 
 
 def check(root: Path, **kw: Any) -> list[diskcheck.PreflightProblem]:
-    """preflight() with test defaults: the real repo, no heavy paths, no needs."""
+    """check_volume() with test defaults: the real repo, no heavy paths, no needs."""
     args: dict[str, Any] = {"ephemeral_root": root, "repo": REPO, "heavy_paths": {}, "need_bytes": 0, "need_inodes": 0}
-    return preflight(**(args | kw))
+    return check_volume(**(args | kw))
 
 
 def mounted_here(mnt: Path) -> bool:

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoprld.daemon.ops.ledgercmd import print_ledger
 from shoprld.daemon.foundation.ledger import (
-    COLUMNS, POINTER_PREFIX, Ledger, LedgerError, git_info, make_row, print_ledger, sanitize,
+    COLUMNS, POINTER_PREFIX, Ledger, LedgerError, git_info, make_row, sanitize,
 )
 
 HEADER = ("index branch parent_commit commit recipe metric_name metric_value memory_gb elapsed_min launcher "

@@ -34,9 +34,9 @@ from shoprld.daemon.services.ray import (
     job_env,
     ray_tmpdir,
     ray_tmpdir_path,
-    session_pids,
     split_secrets,
 )
+from shoprld.daemon.foundation.proctable import session_pids
 from shoprld.daemon.services.rayjobs import RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import resolve
 

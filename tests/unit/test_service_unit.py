@@ -106,7 +106,7 @@ def test_system_unit_has_the_contract(demo_tree: Path) -> None:
     from shoprld.daemon.foundation.layout import Layout
 
     lay = Layout.from_config(load_config(demo_tree))
-    u = parse_unit(service.render_unit(demo_tree, user=False))
+    u = parse_unit(service.render(demo_tree, user=False).text)
     s = "Service"
     assert one(u, s, "Type") == "notify"
     assert one(u, s, "NotifyAccess") == "main"
@@ -131,7 +131,7 @@ def test_system_unit_has_the_contract(demo_tree: Path) -> None:
 
 def test_exec_start_is_absolute_and_runs_the_instance_config(demo_tree: Path) -> None:
     """ExecStart is `<absolute shoprld> run -c <config dir>/%i.toml`, and that command exists."""
-    u = parse_unit(service.render_unit(demo_tree, user=False))
+    u = parse_unit(service.render(demo_tree, user=False).text)
     argv = one(u, "Service", "ExecStart").split()
     assert argv[1:] == ["run", "-c", f"{demo_tree.parent}/%i.toml"]
     exe = Path(argv[0])
@@ -140,7 +140,7 @@ def test_exec_start_is_absolute_and_runs_the_instance_config(demo_tree: Path) ->
 
 def test_gpus_stay_visible(demo_tree: Path) -> None:
     """Nothing in the unit hides /dev/nvidia* or forbids the JIT that CUDA stacks need."""
-    text = service.render_unit(demo_tree, user=False)
+    text = service.render(demo_tree, user=False).text
     u = parse_unit(text)
     for key in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "MemoryDenyWriteExecute", "PrivateUsers"):
         assert not values(u, "Service", key), key
@@ -152,7 +152,7 @@ def test_no_secret_reaches_the_unit(demo_tree: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CANARY_SECRET", CANARY)
     assert CANARY in (demo_tree.parent / "repo" / ".env").read_text()  # the canary is really there
     for user in (False, True):
-        text = service.render_unit(demo_tree, user=user)
+        text = service.render(demo_tree, user=user).text
         assert CANARY not in text
         assert "demo-fake-wandb-key" not in text
         u = parse_unit(text)
@@ -162,7 +162,7 @@ def test_no_secret_reaches_the_unit(demo_tree: Path, monkeypatch: pytest.MonkeyP
 
 def test_user_unit_leaves_out_system_only_settings(demo_tree: Path) -> None:
     """--user: no User=, no mount-namespace sandboxing, WantedBy=default.target."""
-    u = parse_unit(service.render_unit(demo_tree, user=True))
+    u = parse_unit(service.render(demo_tree, user=True).text)
     for key in ("User", "Group", "ProtectSystem", "ReadWritePaths", "PrivateTmp", "ProtectHome"):
         assert not values(u, "Service", key), key
     assert not values(u, "Unit", "RequiresMountsFor")
@@ -172,7 +172,7 @@ def test_user_unit_leaves_out_system_only_settings(demo_tree: Path) -> None:
 
 def test_tmp_tree_gets_no_private_tmp(demo_tree: Path) -> None:
     """A campaign under /tmp would vanish behind PrivateTmp=, so the unit leaves it out."""
-    text = service.render_unit(demo_tree, user=False)
+    text = service.render(demo_tree, user=False).text
     assert not values(parse_unit(text), "Service", "PrivateTmp")
     assert "# No PrivateTmp=" in text
 
@@ -237,12 +237,12 @@ def test_template_tags_and_tokens_are_all_known() -> None:
 
 def test_systemd_analyze_verify_system(demo_tree: Path, tmp_path: Path) -> None:
     """The rendered system unit passes systemd-analyze verify with no warning."""
-    verify(tmp_path, service.render_unit(demo_tree, user=False))
+    verify(tmp_path, service.render(demo_tree, user=False).text)
 
 
 def test_systemd_analyze_verify_user(demo_tree: Path, tmp_path: Path) -> None:
     """The rendered --user unit passes systemd-analyze --user verify with no warning."""
-    verify(tmp_path, service.render_unit(demo_tree, user=True), user=True)
+    verify(tmp_path, service.render(demo_tree, user=True).text, user=True)
 
 
 def test_install_service_writes_the_user_unit_and_never_runs_systemctl(
@@ -259,7 +259,7 @@ def test_install_service_writes_the_user_unit_and_never_runs_systemctl(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     assert service.install_service(demo_tree, user=True, write=True) == 0
     written = tmp_path / "cfg" / "systemd" / "user" / "shoprld@.service"
-    assert written.read_text() == service.render_unit(demo_tree, user=True)
+    assert written.read_text() == service.render(demo_tree, user=True).text
     assert stat.S_IMODE(written.stat().st_mode) == 0o644
     out = capsys.readouterr().out
     assert "systemctl --user daemon-reload" in out
@@ -272,7 +272,7 @@ def test_install_service_prints_the_unit_and_the_commands(
     """Without --write: the unit on stdout (redirectable), the commands on stderr."""
     assert service.install_service(demo_tree, user=False, write=False) == 0
     cap = capsys.readouterr()
-    assert cap.out == service.render_unit(demo_tree, user=False)
+    assert cap.out == service.render(demo_tree, user=False).text
     assert "systemctl daemon-reload" in cap.err
     assert "systemctl enable --now shoprld@demo" in cap.err
 

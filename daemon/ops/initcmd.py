@@ -1,4 +1,4 @@
-"""``shoprld init``: a commented campaign template to start from."""
+"""The ``shoprld init`` command: a commented campaign template to start from."""
 
 from __future__ import annotations
 

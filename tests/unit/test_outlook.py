@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoprld.daemon.core.planning import make_plan
+from shoprld.daemon.core.outlook import make_outlook
 
 GiB = 1 << 30
 BASE = dict(rounds=5, current=1, durations=[100.0, 120.0, 110.0], round_started_at=1000.0, now=1040.0,
@@ -10,7 +10,7 @@ BASE = dict(rounds=5, current=1, durations=[100.0, 120.0, 110.0], round_started_
 
 
 def plan(**kw: object):  # type: ignore[no-untyped-def]
-    return make_plan(**{**BASE, **kw})  # type: ignore[arg-type]
+    return make_outlook(**{**BASE, **kw})  # type: ignore[arg-type]
 
 
 def test_eta_is_the_rest_of_this_round_plus_the_later_rounds_at_the_median() -> None:
