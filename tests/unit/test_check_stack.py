@@ -79,16 +79,35 @@ def test_check_accepts_the_gpus_the_machine_has(tmp_path: Path) -> None:
     assert "gpus.visible names" not in res.stdout and "GPU count: 4 of the machine's 8 GPUs in use" in res.stdout
 
 
-def test_check_skips_the_gpu_count_without_nvidia_smi_or_for_the_demo(tmp_path: Path) -> None:
-    """No nvidia-smi (a CPU box): a note, not a refusal. gpus.probe = "none" (the demo's stand-ins,
-    which use no GPU): not checked even where nvidia-smi lists fewer GPUs."""
-    res = _check(_campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"'), None)
-    assert "GPU count: nvidia-smi-absent-here not found: the GPU count was not checked" in res.stdout
-    assert "gpus.visible names" not in res.stdout
+def test_check_refuses_gpus_on_a_box_that_shows_none_unless_the_recipe_uses_no_gpu(tmp_path: Path) -> None:
+    """No nvidia-smi and no NVML (a CPU box, or one without its driver): gpus.visible names GPUs
+    that are not there, NOT READY (exit 3) in one line with the key and the fix. gpus.probe =
+    "none" (the demo's stand-ins, which use no GPU): not checked, even where nvidia-smi lists fewer."""
+    campaign = _campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"')
+    res = _check(campaign, None)
+    assert res.returncode == 3, res.stdout + res.stderr
+    want = "gpus.visible names 4 GPU(s) [0, 1, 2, 3], but this machine shows no GPU (nvidia-smi-absent-here not found; "
+    # NVML's reason: the package is missing (CI), or it finds no driver (the [gpu] extra on a CPU box).
+    assert want in res.stdout and f"): {campaign}:gpus.visible (run it on the GPU box" in res.stdout, res.stdout
+    assert 'sets gpus.probe = "none")' in res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
     _smi(tmp_path / "bin", 1)
     (tmp_path / "demo").mkdir()
     res = _check(_campaign(tmp_path / "demo", 'probe = "none"'), tmp_path / "bin")
     assert 'GPU count not checked (gpus.probe = "none")' in res.stdout and "gpus.visible names" not in res.stdout
+
+
+def test_a_driver_that_fails_is_no_gpu_for_check(tmp_path: Path) -> None:
+    """nvidia-smi present but failing (no driver loaded): refused, with nvidia-smi's own last line."""
+    bad = tmp_path / "bin" / "nvidia-smi"
+    bad.parent.mkdir()
+    bad.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    bad.chmod(0o755)
+    res = _check(_campaign(tmp_path), tmp_path / "bin")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "but this machine shows no GPU (nvidia-smi -L failed (NVIDIA-SMI has failed because it could not " \
+           "communicate with the driver)" in res.stdout, res.stdout
 
 
 def test_a_failing_nvidia_smi_is_a_note_not_a_crash(tmp_path: Path) -> None:
