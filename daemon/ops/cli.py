@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systemd", action="store_true",
                    help="judge the death from systemd's $SERVICE_RESULT/$EXIT_* (ExecStopPost=) or $MONITOR_* "
                         "(OnFailure=) first; no page for an exit the daemon reported itself")
-    p.add_argument("--restarting", action="store_true",
-                   help="the supervisor restarts it: page even if the next daemon already runs")
+    p.add_argument("--seen-dead", action="store_true",
+                   help="the caller saw it die (a supervisor's listener): page even if the next daemon already runs")
     p.add_argument("--gave-up", action="store_true",
                    help="nothing restarts it (start limit, FATAL): a page of its own, not deduped with a crash's")
 
@@ -242,7 +242,7 @@ def cmd_notify_crashed(args: argparse.Namespace) -> int:
     from shoprld.daemon.ops.notifytest import run_notify_crashed  # lazy: the status path stays on the stdlib
 
     return run_notify_crashed(Path(args.config), reason=args.reason, gave_up=args.gave_up,
-                              restarting=args.restarting, systemd=args.systemd)
+                              seen_dead=args.seen_dead, systemd=args.systemd)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

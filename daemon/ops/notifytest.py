@@ -93,8 +93,9 @@ class Death:
     gave_up: bool = False   # nothing restarts it: the operator must
 
 
-def _how(code: str, status: str, result: str) -> str:
-    """systemd's $EXIT_CODE/$EXIT_STATUS/$SERVICE_RESULT as words."""
+def death_words(code: str, status: str, result: str = "") -> str:
+    """How the daemon ended, in words: systemd's $EXIT_CODE/$EXIT_STATUS/$SERVICE_RESULT
+    (``killed``/``KILL``, ``exited``/``1``, ``watchdog``); supervisord's listener says the same."""
     if result == "watchdog":
         return "no watchdog ping for WatchdogSec=: the event loop hung, and systemd killed it"
     if code in ("killed", "dumped"):
@@ -119,7 +120,7 @@ def systemd_death(env: Mapping[str, str]) -> Death:
     monitor = "MONITOR_SERVICE_RESULT" in env
     pre = "MONITOR_" if monitor else ""
     result, code, status = (env.get(pre + k, "") for k in ("SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS"))
-    how = _how(code, status, result)
+    how = death_words(code, status, result)
     exited = int(status) if code == "exited" and status.isdigit() else None
     if monitor:
         unit = env.get("MONITOR_UNIT") or "the unit"
@@ -135,13 +136,13 @@ def systemd_death(env: Mapping[str, str]) -> Death:
     return Death(True, f"{how}; systemd restarts it after RestartSec=")
 
 
-def run_notify_crashed(path: Path, *, reason: str = "", gave_up: bool = False, restarting: bool = False,
+def run_notify_crashed(path: Path, *, reason: str = "", gave_up: bool = False, seen_dead: bool = False,
                        systemd: bool = False, environ: Mapping[str, str] = os.environ) -> int:
     """Page ``crashed`` about this campaign's daemon unless it runs; 0 when sent, deduped or alive.
 
     ``systemd``: judge the death from systemd's environment first (:func:`systemd_death`).
-    ``restarting``: the supervisor that saw it die restarts it, so a daemon that runs now is the
-    next one, and the page is sent anyway. ``gave_up``: nothing restarts it; a page of its own
+    ``seen_dead``: the caller saw it die (a supervisor's listener), so a daemon that runs now is
+    the next one (restarted at once, or being stopped at the start limit): the page is sent anyway. ``gave_up``: nothing restarts it; a page of its own
     (its dedupe cause differs from a crash's)."""
     if systemd:
         death = systemd_death(environ)
@@ -152,7 +153,7 @@ def run_notify_crashed(path: Path, *, reason: str = "", gave_up: bool = False, r
         gave_up = gave_up or death.gave_up
     doc = collect(path)
     daemon = doc.get("daemon") if isinstance(doc.get("daemon"), dict) else {}
-    if daemon.get("alive") and not restarting:
+    if daemon.get("alive") and not seen_dead:
         print(f"shoprld: the daemon of campaign {doc.get('campaign')} runs (pid {daemon.get('pid')}); no page sent")
         return EXIT_OK
     cfg = load_config(path)
@@ -161,7 +162,7 @@ def run_notify_crashed(path: Path, *, reason: str = "", gave_up: bool = False, r
     state, rnd = doc.get("state"), doc.get("round")
     last = doc.get("last_error") or (doc.get("last_failure") or {}).get("detail") or ""
     unit = f"shoprld@{path.stem}"
-    head = "the daemon died" if restarting else "the daemon is not running"
+    head = "the daemon died" if seen_dead else "the daemon is not running"
     if gave_up:
         head += ", and nothing restarts it"
     text = (f"{head} (last seen in {state or 'no state'}"
