@@ -128,8 +128,14 @@ SYSTEMD_CASES = [
     ({"SERVICE_RESULT": "exit-code", "EXIT_CODE": "exited", "EXIT_STATUS": "3"}, False, False, "status 3"),
     ({"MONITOR_SERVICE_RESULT": "start-limit-hit", "MONITOR_EXIT_CODE": "killed", "MONITOR_EXIT_STATUS": "KILL",
       "MONITOR_UNIT": "shoprld@c.service"}, True, True, "stopped restarting shoprld@c.service"),
+    # systemd 252 at the start limit after a SIGKILL: the result stays the death's, not start-limit-hit.
+    ({"MONITOR_SERVICE_RESULT": "signal", "MONITOR_EXIT_CODE": "killed", "MONITOR_EXIT_STATUS": "KILL",
+      "MONITOR_UNIT": "shoprld@c.service"}, True, True, "stopped restarting shoprld@c.service: it started too "
+     "often (StartLimitBurst= in StartLimitIntervalSec=); the last death: killed by SIGKILL"),
+    ({"MONITOR_SERVICE_RESULT": "exit-code", "MONITOR_EXIT_CODE": "exited", "MONITOR_EXIT_STATUS": "6"},
+     True, True, "stopped restarting the unit"),
     ({"MONITOR_SERVICE_RESULT": "exit-code", "MONITOR_EXIT_CODE": "exited", "MONITOR_EXIT_STATUS": "3"},
-     True, True, "exited with status 3, and systemd does not restart it"),
+     True, True, "exited with status 3 (config, lock or preflight), and systemd does not restart it"),
     ({"MONITOR_SERVICE_RESULT": "exit-code", "MONITOR_EXIT_CODE": "exited", "MONITOR_EXIT_STATUS": "4"},
      False, False, "paged that itself"),
 ]
