@@ -51,9 +51,10 @@ INPUT_SUFFIXES = frozenset({
     ".py", ".sh", ".bash", ".yaml", ".yml", ".json", ".jsonl", ".toml", ".cfg", ".ini", ".conf", ".txt",
     ".csv", ".tsv", ".parquet", ".sqlite", ".sqlite3", ".db",
 })
-#: Words in an option's name that say its value is written, not read (it need not exist yet).
-OUTPUT_WORDS = ("save", "out", "dump", "log", "dest", "write", "stop", "export", "target", "cache", "tmp",
-                "wandb")
+#: Words of an option's name (split at - and _) that say its value is written, not read: it
+#: need not exist yet (``--save``, ``--output-dir``, ``--log-file``, ``--wandb-dir``, ``--stop-file``).
+OUTPUT_WORDS = frozenset({"save", "out", "output", "outdir", "dump", "log", "logs", "dest", "write", "stop",
+                          "export", "target", "cache", "tmp", "tmpdir", "wandb"})
 _NOT_A_PATH = re.compile(r"[\s*?\[\]{}<>|;&$`'\"():]|://")
 _INTERPRETERS = re.compile(r"^(python[0-9.]*|bash|sh|dash|zsh|perl|ruby|node)$")
 
@@ -75,8 +76,8 @@ def path_like(arg: str) -> str | None:
 
 
 def _output_option(option: str) -> bool:
-    name = option.lstrip("-").split("=", 1)[0].lower()
-    return bool(name) and option.startswith("-") and any(w in name for w in OUTPUT_WORDS)
+    words = re.split(r"[-_]", option.lstrip("-").split("=", 1)[0].lower())
+    return option.startswith("-") and not OUTPUT_WORDS.isdisjoint(words)
 
 
 @dataclass(frozen=True)

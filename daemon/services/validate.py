@@ -9,6 +9,8 @@ touched or any child starts). A config that ``check`` calls ready must not crash
   result is something ``execve`` takes (no NUL byte, env names without ``=``);
 - every command that will run is configured and resolves: an absolute or relative path to an
   executable file, or a name on PATH or in the stage's conda env (``<prefix>/bin``);
+- a command that reads the round's loop dir (``{loop_dir}/val.yaml``) has ``train.emit_command``
+  to write it (the other arguments' files are ``check``'s alone: :mod:`.argpaths`);
 - the layout holds the etiquette: the volume is not the repo nor inside it, no tmpfs is mounted
   inside the checkout, and the state dir is off the volume;
 - the state dir (or the dir it will be created in) is writable, not on a read-only filesystem,

@@ -160,10 +160,13 @@ def test_path_like_elements() -> None:
 
 
 def test_interpreter_code_and_output_options_are_not_inputs(tmp_path: Path) -> None:
-    """`python3 -c CODE` is code; `--output-dir /x` and `--log-file=/y.txt` are outputs; the rest are inputs."""
-    argv = ("python3", "-c", "/not/a/file.py", "--output-dir", "/out/x", "--log-file=/y.txt", "--config", "/in.yaml")
+    """`python3 -c CODE` is code; `--output-dir /x` and `--log-file=/y.txt` are outputs; the rest,
+    `--rollout-data` too (a word of the name, not a substring: "rollout" holds "out"), are inputs."""
+    argv = ("python3", "-c", "/not/a/file.py", "--output-dir", "/out/x", "--log-file=/y.txt", "--config", "/in.yaml",
+            "--rollout-data", "/d.jsonl")
     got = [(a.key, str(a.path), a.output) for a in arg_paths(argv, {}, "k", tmp_path)]
-    assert got == [("k[4]", "/out/x", True), ("k[5]", "/y.txt", True), ("k[7]", "/in.yaml", False)]
+    assert got == [("k[4]", "/out/x", True), ("k[5]", "/y.txt", True), ("k[7]", "/in.yaml", False),
+                   ("k[9]", "/d.jsonl", False)]
 
 
 @settings(max_examples=200, deadline=None)
