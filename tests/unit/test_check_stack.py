@@ -242,3 +242,35 @@ def test_check_says_which_gpu_hygiene_mode_applies(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+# The calls shoprld makes of nvidia-ml-py (``import pynvml``), answered for ``count`` GPUs with
+# no process on them: a stand-in module on PYTHONPATH, as ``_smi`` is a stand-in nvidia-smi.
+_PYNVML = '''
+class NVMLError(Exception):
+    pass
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return {count}
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetUUID(h): return "GPU-%08x" % h
+def nvmlDeviceGetComputeRunningProcesses(h): return []
+'''
+
+
+def test_without_nvidia_smi_check_counts_the_gpus_with_nvml(tmp_path: Path) -> None:
+    """No nvidia-smi on PATH but nvidia-ml-py finds a driver: the count comes from NVML; two GPUs
+    for four in gpus.visible is NOT READY naming NVML, four is the count's note."""
+    campaign = _campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"')
+    for count, want in ((2, "gpus.visible names 4 GPU(s) [0, 1, 2, 3], but NVML lists 2 on this machine (GPU 0,1); "
+                            "GPU 2,3 is absent"),
+                        (4, "GPU count: 4 GPU(s), as NVML lists")):
+        fake = tmp_path / f"nvml{count}"
+        fake.mkdir()
+        (fake / "pynvml.py").write_text(_PYNVML.format(count=count))
+        res = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                                  "PYTHONPATH": str(fake)})
+        assert want in res.stdout, res.stdout + res.stderr
+        assert "Traceback" not in res.stdout + res.stderr
