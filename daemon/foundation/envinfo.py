@@ -328,25 +328,30 @@ def list_gpu_indices(smi: str = "nvidia-smi", *, timeout: float = 10.0,
 
 
 def gpu_count_check(visible: Sequence[int], *, smi: str = "nvidia-smi",
-                    runner: Runner = subprocess.run) -> tuple[str | None, str | None]:
+                    runner: Runner = subprocess.run,
+                    listed: tuple[list[int] | None, str | None] | None = None,
+                    source: str | None = None) -> tuple[str | None, str | None]:
     """(problem, note) for ``gpus.visible`` against the GPUs this machine has.
 
     Upstream's loop refuses to start unless ``nvidia-smi -L`` sees at least NUM_GPUS GPUs;
     here every id in ``gpus.visible`` must be one the machine lists (``CUDA_VISIBLE_DEVICES``
     naming an absent GPU fails only when the trainer starts). A machine with more GPUs than
-    listed is fine (a note), as upstream allows. No ``nvidia-smi``: a note, no problem.
+    listed is fine (a note), as upstream allows. No ``nvidia-smi``: a note, no problem (the
+    caller decides whether a box that shows no GPU at all is one: ``shoprld check`` refuses it).
+    ``listed``: the (indices, why) another probe found instead, named ``source`` in the lines.
     """
-    have, why = list_gpu_indices(smi, runner=runner)
+    have, why = listed if listed is not None else list_gpu_indices(smi, runner=runner)
     if have is None:
         return None, why
+    by = source or f"`{smi} -L`"
     missing = [i for i in visible if i not in have]
-    listed = ",".join(str(i) for i in have) or "none"
+    shown = ",".join(str(i) for i in have) or "none"
     if missing:
-        return (f"gpus.visible names {len(visible)} GPU(s) {list(visible)}, but `{smi} -L` lists "
-                f"{len(have)} on this machine (GPU {listed}); GPU {','.join(map(str, missing))} is absent"), None
+        return (f"gpus.visible names {len(visible)} GPU(s) {list(visible)}, but {by} lists "
+                f"{len(have)} on this machine (GPU {shown}); GPU {','.join(map(str, missing))} is absent"), None
     extra = len(have) - len(visible)
     return None, (f"{len(visible)} of the machine's {len(have)} GPUs in use (gpus.visible)" if extra > 0 else
-                  f"{len(visible)} GPU(s), as `{smi} -L` lists")
+                  f"{len(visible)} GPU(s), as {by} lists")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,10 +17,12 @@ from shoprld.daemon.foundation.config import Config, load_config
 from shoprld.daemon.foundation.diskcheck import PreflightProblem
 from shoprld.daemon.foundation.errors import ConfigError
 from shoprld.daemon.foundation.statefiles import state_dir_problems
-from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, stage_env_versions
+from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, list_gpu_indices, stage_env_versions
 from shoprld.daemon.services.gpucontainer import mode_line
+from shoprld.daemon.services.gpuprobes import nvml_gpu_indices
 from shoprld.daemon.services.gpus import build_probe
 from shoprld.daemon.services.hygiene import lines, scan_repo
+from shoprld.daemon.services.argpaths import argument_problems
 from shoprld.daemon.services.boxcheck import box_lines, box_refusals
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
@@ -51,6 +53,12 @@ def _blocking(cfg: Config, layout: Layout, secrets: Secrets, invalid: list[Probl
     problems.extend(p.line() for p in volume_problems(cfg, layout))
     if templates_ok:
         problems.extend(p.line() for p in real_stack_problems(cfg, values))
+        if not any(p.key.endswith(".cwd") or p.key == "storage.project_root" for p in invalid):
+            # A script, a --config file or a YAML the commands name (not only their program;
+            # with no cwd, every relative one would be named again); what [preflight]
+            # must_exist names is said once, above.
+            named = {Path(t.format_map(values)) for t in cfg.preflight.must_exist.values()}
+            problems.extend(p.line() for p in argument_problems(cfg, layout, already=named))
     # The analyst's config is a file of the project, there before any round: judge it now.
     problems.extend(analyst_config_mismatches(cfg, layout.project_root / ANALYST_CONFIG))
     gpu_problem, _ = _gpu_count(cfg)
@@ -69,16 +77,37 @@ def _budget_line(cfg: Config, layout: Layout) -> str:
         return f"disk: the volume {layout.ephemeral_root} cannot be read ({exc.strerror or exc}): need not judged"
 
 
+NOT_CHECKED = ": the GPU count was not checked"
+
+
 def _gpu_count(cfg: Config) -> tuple[str | None, str]:
-    """(blocking line, note) for gpus.visible against ``nvidia-smi -L`` (skipped with a note when
-    the recipe looks at no GPU, ``gpus.probe = "none"``, as the demo's stand-ins do)."""
+    """(blocking line, note) for gpus.visible against the GPUs this machine has: ``nvidia-smi
+    -L``, else NVML (``gpus.probe`` auto or nvml). A machine where neither shows a GPU cannot
+    run a campaign that names some: refused. Skipped with a note when the recipe looks at no
+    GPU, ``gpus.probe = "none"``, as the demo's stand-ins do."""
     if cfg.gpus.probe == "none":
         return None, 'GPU count not checked (gpus.probe = "none")'
-    problem, note = gpu_count_check(cfg.gpus.visible, smi=cfg.gpus.nvidia_smi)
+    where = f"{cfg.source}:gpus.visible"
+    listed = list_gpu_indices(cfg.gpus.nvidia_smi)
+    source = None
+    if listed[0] is None and cfg.gpus.probe in ("auto", "nvml"):
+        have, why = nvml_gpu_indices()
+        if have is not None:
+            listed, source = (have, None), "NVML"
+        else:
+            listed = (None, f"{(listed[1] or '').removesuffix(NOT_CHECKED)}; {why}")
+    if listed[0] is None:
+        visible = list(cfg.gpus.visible)
+        problem = (f"gpus.visible names {len(visible)} GPU(s) {visible}, but this machine shows no GPU "
+                   f"({(listed[1] or '').removesuffix(NOT_CHECKED)})")
+        fix = ("run it on the GPU box (with its NVIDIA driver; gpus.nvidia_smi names nvidia-smi if it is off PATH); "
+               'a stack that uses no GPU, as the demo\'s stand-ins, sets gpus.probe = "none"')
+        return PreflightProblem(problem, where, fix).line(), problem
+    problem, note = gpu_count_check(cfg.gpus.visible, smi=cfg.gpus.nvidia_smi, listed=listed, source=source)
     if problem is None:
         return None, note or ""
     fix = "list only GPUs this machine has in gpus.visible (and keep tp_size dividing their number)"
-    return PreflightProblem(problem, f"{cfg.source}:gpus.visible", fix).line(), problem
+    return PreflightProblem(problem, where, fix).line(), problem
 
 
 def _gpu_mode(cfg: Config) -> str:

@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                                               "supervisor's listener)")
     _config_arg(p)
     p.add_argument("--reason", default="", help="a line saying what noticed the death (e.g. 'start limit hit')")
+    p.add_argument("--systemd", action="store_true",
+                   help="judge the death from systemd's $SERVICE_RESULT/$EXIT_* (ExecStopPost=) or $MONITOR_* "
+                        "(OnFailure=) first; no page for an exit the daemon reported itself")
+    p.add_argument("--seen-dead", action="store_true",
+                   help="the caller saw it die (a supervisor's listener): page even if the next daemon already runs")
+    p.add_argument("--gave-up", action="store_true",
+                   help="nothing restarts it (start limit, FATAL): a page of its own, not deduped with a crash's")
 
     p = sub.add_parser("rehearse", help="run one tiny round of this campaign's real tools on stand-ins for slime, "
                                         "the val server and the analyst API; a verdict per stage")
@@ -237,7 +244,8 @@ def cmd_notify_test(args: argparse.Namespace) -> int:
 def cmd_notify_crashed(args: argparse.Namespace) -> int:
     from shoprld.daemon.ops.notifytest import run_notify_crashed  # lazy: the status path stays on the stdlib
 
-    return run_notify_crashed(Path(args.config), reason=args.reason)
+    return run_notify_crashed(Path(args.config), reason=args.reason, gave_up=args.gave_up,
+                              seen_dead=args.seen_dead, systemd=args.systemd)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -57,6 +57,11 @@ episode_concurrency = 32
 
 [train]
 launcher = "local"              # "local" (a process) | "ray" (a Ray job via the Jobs REST API)
+# Writes the round's tool configs <runs>/loop/<round_id>/{slime,analysis,val,gate}.yaml that the
+# val and gate commands read ({loop_dir}); without it `check` refuses them.
+emit_command = ["python3", "scripts/emit_training_loop_round.py", "--project-root", "{project_root}",
+    "--round-id", "{round_id}", "--skillbank", "{skillbank}", "--curriculum", "{curriculum}",
+    "--history-ledger", "{history_ledger}"]
 command = ["python3", "train.py", "--load", "{load}", "--save", "{save_dir}",
     "--save-interval", "{save_interval}", "--num-rollout", "{num_rollout}", "--save-hf", "{hf_dir}"]
 secrets = ["WANDB_API_KEY"]     # passed in the environment only
@@ -117,8 +122,14 @@ def write_template(path: Path, *, force: bool = False) -> None:
             raise ConfigError(f"{path}: exists and is not a regular file; fix: choose a path for a new file")
         if not force:
             raise ConfigError(f"{path}: already exists; fix: choose another path or pass --force")
+    # A missing parent is a typo in the path more often than a wish for new dirs: refuse it, as
+    # every other output path (`report -o`, `export-campaign`) does, and create nothing.
+    parent = path.parent
+    if not parent.is_dir():
+        what = "does not exist" if not parent.exists() else "is not a directory"
+        raise ConfigError(f"{path}: the directory {parent} {what}; fix: create it first (mkdir -p {parent}), "
+                          "or choose a path in an existing directory")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         # 0644: a template holds no secret, and is meant to be shared.
         write_output(path, TEMPLATE.encode(), what="template", mode=0o644)
     except OSError as exc:

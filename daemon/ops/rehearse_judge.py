@@ -22,7 +22,7 @@ from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object
 
-CONTRACT = "shared/contracts/shopsimrl-tools.md"
+CONTRACT = "tools contract"  # ../shared/contracts/shopsimrl-tools.md, the recorded truth about the real tools
 TRAINER = "train.command (slime stand-in)"
 STAGES: tuple[tuple[str, str], ...] = (
     ("preflight", "PREFLIGHT_DISK"), ("shopsim", "START_SHOPSIM"), ("train.emit_command", "TRAIN"),

@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import socket
 import stat
+import subprocess
 import sys
 import time
 from collections import deque
@@ -52,6 +54,7 @@ from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_OK, ConfigError, 
 from shoprld.daemon.foundation.identity import IDENTITY_FILE
 from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.outputs import campaign_files, write_output
+from shoprld.daemon.ops.notifytest import SELF_REPORTED, death_words
 
 SYSTEMD_RUNTIME = Path("/run/systemd/system")  # sd_booted(3): this dir exists iff systemd is PID 1
 WATCHDOG_SEC = 120          # the unit's WatchdogSec=
@@ -139,13 +142,15 @@ def render(config_path: Path, *, command: list[str], python: str, environ: Mappi
     listener = " ".join(_word(w) for w in [
         python, "-m", "shoprld.daemon.ops.supervise", "--program", name, "--notify-socket", str(files.notify_socket),
         "--watchdog-sec", str(watchdog_sec), "--start-limit", str(START_LIMIT_BURST),
-        "--start-window", str(START_LIMIT_WINDOW)])
+        "--start-window", str(START_LIMIT_WINDOW), "--config", str(config)])
     env = {"PYTHONUNBUFFERED": "1", "STATE_DIRECTORY": str(layout.state_dir),
            "NOTIFY_SOCKET": str(files.notify_socket), "WATCHDOG_USEC": str(watchdog_sec * 1_000_000)}
     for key in ("HOME", "USER", "PATH", "XDG_STATE_HOME"):  # what `shoprld run` by hand would see
         if environ.get(key):
             env.setdefault(key, environ[key])
     environment = ",".join(f"{k}={_q(v)}" for k, v in env.items())
+    # The listener's pages (notify-crashed) read the same state dir, and never ping anything.
+    listener_env = ",".join(f"{k}={_q(v)}" for k, v in env.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC"))
     text = f"""\
 ; Rendered by `shoprld install-service --supervisor` for {config}.
 ; Start it with `supervisord -c THIS_FILE`; after an instance restart (AutoDL's 关机/开机 ends
@@ -201,6 +206,7 @@ buffer_size=100
 stderr_logfile={files.watchdog_log}
 stderr_logfile_maxbytes=5MB
 stderr_logfile_backups=1
+environment={listener_env}
 """
     return text, layout
 
@@ -301,13 +307,63 @@ def _say(text: str) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} shoprld-watchdog: {text}", file=sys.stderr, flush=True)
 
 
+# supervisord's own line for an exit it did not expect (supervisor/process.py, ``finish``).
+_EXITED = "exited: {name} ("
+
+
+def exit_page(program: str, log_tail: str) -> tuple[bool, str]:
+    """(page?, reason) for the program's last unexpected exit, read from supervisord's log (the
+    PROCESS_STATE_EXITED event carries no status, and a restart clears it from getProcessInfo).
+    6 (a stage failed: the daemon paged ``failed``) is no page; a signal or 1 is."""
+    at = log_tail.rfind(_EXITED.format(name=program))
+    if at < 0:
+        return True, "exited unexpectedly (supervisord's log does not say how)"
+    words = log_tail[at + len(_EXITED.format(name=program)):].split("\n", 1)[0]
+    words = words.split("; not expected")[0].rstrip(")")
+    m = re.fullmatch(r"exit status (\d+)", words)
+    if m:
+        if int(m.group(1)) in SELF_REPORTED:
+            return False, f"{words}: the daemon paged that itself"
+        return True, death_words("exited", m.group(1))
+    sig = re.match(r"terminated by (SIG[A-Z0-9]+)", words)
+    if sig:
+        return True, death_words("dumped" if "core dumped" in words else "killed", sig.group(1))
+    return True, f"exited unexpectedly ({words})"
+
+
+class Pager:
+    """Runs ``shoprld notify-crashed`` for the listener, in the background: the listener must
+    answer supervisord's next event meanwhile. Its stdin and stdout are the protocol's, so the
+    child gets neither (its lines go to the listener's stderr log). Reaped on the next call."""
+
+    def __init__(self, config: Path | None, python: str = sys.executable) -> None:
+        self.config, self.python = config, python
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def page(self, reason: str, *, gave_up: bool) -> None:
+        self.children = [c for c in self.children if c.poll() is None]
+        if self.config is None:
+            _say(f"no page ({reason}): the listener has no --config (render the config again)")
+            return
+        argv = [self.python, "-m", "shoprld.daemon.ops.cli", "notify-crashed", "-c", str(self.config),
+                "--reason", reason, "--seen-dead", *(["--gave-up"] if gave_up else [])]
+        _say(f"paging crashed: {reason}")
+        try:
+            self.children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                                  stderr=sys.stderr.fileno()))
+        except OSError as exc:
+            _say(f"could not run notify-crashed: {exc}")
+
+
 def listen(program: str, notify_socket: Path, dog: Watchdog, *, stdin: TextIO = sys.stdin,
-           stdout: TextIO = sys.stdout, rpc: Any = None) -> None:
+           stdout: TextIO = sys.stdout, rpc: Any = None, pager: Pager | None = None) -> None:
     """supervisord's listener protocol, forever: READY, one event, RESULT."""
     from supervisor import childutils  # the supervisor extra: only the listener needs it
 
     sock = _bind(notify_socket)
     rpc = rpc or childutils.getRPCInterface(os.environ)
+    pager = pager or Pager(None)
+    watchdog_killed = False
     while True:
         headers, payload = childutils.listener.wait(stdin, stdout)
         now = time.monotonic()
@@ -321,15 +377,49 @@ def listen(program: str, notify_socket: Path, dog: Watchdog, *, stdin: TextIO = 
                      f"stopping it (the unit's start limit); fix the cause, then `supervisorctl start {program}`")
                 _call(rpc.supervisor.stopProcess, f"{program}", False)
                 dog.on_stop()
+                pager.page(f"it started more than {dog.start_limit} times in {dog.start_window / 60:.0f} minutes, "
+                           "so the listener stopped it (the unit's start limit)", gave_up=True)
             elif event in ("PROCESS_STATE_EXITED", "PROCESS_STATE_STOPPED", "PROCESS_STATE_FATAL",
                            "PROCESS_STATE_BACKOFF"):
                 dog.on_stop()
+                if event == "PROCESS_STATE_EXITED" and fields.get("expected") == "0":
+                    if watchdog_killed:
+                        page, reason = True, (f"no heartbeat for {dog.watchdog_sec:.0f} s (a hung event loop): "
+                                              "the watchdog listener killed it")
+                    else:
+                        page, reason = exit_page(program, _log_tail(rpc))
+                    if page:
+                        pager.page(f"{reason}; supervisord restarts it", gave_up=False)
+                    else:
+                        _say(f"{program} {reason}: no page")
+                elif event == "PROCESS_STATE_FATAL":
+                    why = _spawnerr(rpc, program)
+                    pager.page(f"supervisord gave up starting it ({why})", gave_up=True)
+                watchdog_killed = False
         elif event.startswith("TICK") and dog.stale(now):
             _say(f"{program} sent no heartbeat for {dog.watchdog_sec:.0f} s (the unit's WatchdogSec): "
                  "SIGKILL, supervisord restarts it")
             _call(rpc.supervisor.signalProcess, program, "KILL")
+            watchdog_killed = True
             dog.on_stop()
         childutils.listener.ok(stdout)
+
+
+def _log_tail(rpc: Any) -> str:
+    """The last 16 KiB of supervisord's own log (a negative offset reads the tail, however short)."""
+    try:
+        return str(rpc.supervisor.readLog(-16384, 0))
+    except Exception as exc:  # an XML-RPC fault: page without the words
+        _say(f"supervisord's log could not be read: {exc}")
+        return ""
+
+
+def _spawnerr(rpc: Any, program: str) -> str:
+    try:
+        info = rpc.supervisor.getProcessInfo(program)
+        return str(info.get("spawnerr") or info.get("description") or "no reason given")
+    except Exception as exc:
+        return f"no reason: {exc}"
 
 
 def _call(fn: Any, *args: Any) -> None:
@@ -347,9 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--watchdog-sec", type=float, default=WATCHDOG_SEC)
     p.add_argument("--start-limit", type=int, default=START_LIMIT_BURST)
     p.add_argument("--start-window", type=float, default=START_LIMIT_WINDOW)
+    p.add_argument("--config", type=Path, default=None, help="the campaign file: pages go to its [notify]")
     a = p.parse_args(argv)
     try:
-        listen(a.program, a.notify_socket, Watchdog(a.watchdog_sec, a.start_limit, a.start_window))
+        listen(a.program, a.notify_socket, Watchdog(a.watchdog_sec, a.start_limit, a.start_window),
+               pager=Pager(a.config))
     except KeyboardInterrupt:
         return EXIT_OK
     except ImportError:

@@ -41,6 +41,8 @@ from shoprld.daemon.foundation.layout import Layout
 from shoprld.daemon.foundation.paths import default_state_dir
 
 UNIT_NAME = "shoprld@.service"
+# Started by the daemon unit's OnFailure=: the `crashed` page once nothing restarts it.
+CRASHED_UNIT_NAME = "shoprld-crashed@.service"
 # Characters an instance may hold without systemd-escape (which would make %i differ from
 # the file name: "a-b" stays "a-b", but "a b" becomes "a\x20b").
 _INSTANCE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
@@ -58,6 +60,7 @@ class Rendered:
 
     text: str
     instance: str
+    crashed: str        # shoprld-crashed@.service, rendered for the same machine
     config: Path
     user_mode: bool
     state_dir: Path
@@ -67,20 +70,20 @@ class Rendered:
 # -- the template ---------------------------------------------------------------------------
 
 
-def template_text() -> str:
-    """The unit template: packaged data if shipped, else the source tree's ``systemd/``."""
+def template_text(name: str = UNIT_NAME) -> str:
+    """A unit template: packaged data if shipped, else the source tree's ``systemd/``."""
     candidates: list[Path] = []
     try:
-        candidates.append(Path(str(files("shoprld.daemon") / UNIT_NAME)))
+        candidates.append(Path(str(files("shoprld.daemon") / name)))
     except (ImportError, ModuleNotFoundError, TypeError):  # pragma: no cover - always importable here
         pass
-    candidates.append(Path(__file__).resolve().parents[2] / "systemd" / UNIT_NAME)
+    candidates.append(Path(__file__).resolve().parents[2] / "systemd" / name)
     for path in candidates:
         if path.is_file():
             return path.read_text(encoding="utf-8")
     raise ConfigError(
         f"{candidates[-1]}: the unit template is missing from this install; fix: install shoprld "
-        f"from its checkout (pip install -e), or ship systemd/{UNIT_NAME} as package data"
+        f"from its checkout (pip install -e), or ship systemd/{name} as package data"
     )
 
 
@@ -292,27 +295,31 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
     exec_config = _exec_word(str(config.parent / "X"))
     exec_config = exec_config[:-1] + "%i.toml" if not exec_config.endswith('"') else exec_config[:-2] + '%i.toml"'
 
-    out: list[str] = [
-        f"# Rendered by `shoprld install-service{' --user' if user else ''}` from {UNIT_NAME}",
-        f"# for {config} (systemd {version if version is not None else 'version unknown'}).",
-    ]
-    for line in template_text().splitlines():
-        m = _TAG_RE.match(line)
-        if m:
-            if m.group(1) not in tags:
-                raise ConfigError(f"{UNIT_NAME}: unknown template tag #@{m.group(1)}")
-            if not tags[m.group(1)]:
-                continue
-            line = m.group(2)
-        if line.startswith("ExecStart="):
-            line = line.replace("@CONFIG_DIR@/%i.toml", exec_config)
-        for token, value in values.items():
-            line = line.replace(token, value)
-        leftover = None if line.startswith("#") else _TOKEN_RE.search(line)
-        if leftover:
-            raise ConfigError(f"{UNIT_NAME}: unknown template token {leftover.group(0)}")
-        out.append(line)
-    text = "\n".join(out).rstrip("\n") + "\n"
+    def fill(name: str) -> str:
+        out: list[str] = [
+            f"# Rendered by `shoprld install-service{' --user' if user else ''}` from {name}",
+            f"# for {config} (systemd {version if version is not None else 'version unknown'}).",
+        ]
+        for line in template_text(name).splitlines():
+            m = _TAG_RE.match(line)
+            if m:
+                if m.group(1) not in tags:
+                    raise ConfigError(f"{name}: unknown template tag #@{m.group(1)}")
+                if not tags[m.group(1)]:
+                    continue
+                line = m.group(2)
+            if line.startswith(("ExecStart=", "ExecStopPost=")):
+                line = line.replace("@CONFIG_DIR@/%i.toml", exec_config)
+            for token, value in values.items():
+                line = line.replace(token, value)
+            leftover = None if line.startswith("#") else _TOKEN_RE.search(line)
+            if leftover:
+                raise ConfigError(f"{name}: unknown template token {leftover.group(0)}")
+            out.append(line)
+        return "\n".join(out).rstrip("\n") + "\n"
+
+    text = fill(UNIT_NAME)
+    crashed = fill(CRASHED_UNIT_NAME)
 
     if not user and in_home:
         warnings.append(f"{in_home[0]} is under a home directory: the unit leaves out ProtectHome=")
@@ -332,15 +339,15 @@ def render(config_path: str | os.PathLike[str], *, user: bool, version: int | No
         if here != there:
             warnings.append(f"storage.user is unset: under the unit (USER={run_user}) the campaign lives in "
                             f"{there}, by hand in {here}; set storage.user in {config} to pin it")
-    return Rendered(text=text, instance=inst, config=config, user_mode=user, state_dir=unit_state,
+    return Rendered(text=text, instance=inst, crashed=crashed, config=config, user_mode=user, state_dir=unit_state,
                     warnings=tuple(warnings))
 
 
-def unit_path(user: bool, environ: Mapping[str, str] = os.environ) -> Path:
+def unit_path(user: bool, environ: Mapping[str, str] = os.environ, name: str = UNIT_NAME) -> Path:
     if user:
         base = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".config")
-        return Path(base) / "systemd" / "user" / UNIT_NAME
-    return Path("/etc/systemd/system") / UNIT_NAME
+        return Path(base) / "systemd" / "user" / name
+    return Path("/etc/systemd/system") / name
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -378,14 +385,17 @@ def install_service(config_path: str | os.PathLike[str], user: bool, write: bool
     """
     r = render(config_path, user=user)
     dest = unit_path(user)
+    crashed = unit_path(user, name=CRASHED_UNIT_NAME)
     if write:
-        try:
-            _write_atomic(dest, r.text)
-        except PermissionError:
-            raise ConfigError(f"{dest}: permission denied; fix: rerun as root (sudo), or use --user") from None
-        except OSError as exc:
-            raise ConfigError(f"{dest}: cannot write ({exc.strerror})") from None
-        print(f"wrote {dest}")
+        # The OnFailure= unit first: a daemon unit that names a missing one would page nobody.
+        for path, text in ((crashed, r.crashed), (dest, r.text)):
+            try:
+                _write_atomic(path, text)
+            except PermissionError:
+                raise ConfigError(f"{path}: permission denied; fix: rerun as root (sudo), or use --user") from None
+            except OSError as exc:
+                raise ConfigError(f"{path}: cannot write ({exc.strerror})") from None
+            print(f"wrote {path}")
         print("now run:")
         for c in commands(r):
             print(f"  {c}")
@@ -395,7 +405,8 @@ def install_service(config_path: str | os.PathLike[str], user: bool, write: bool
         sys.stdout.flush()
         stream = sys.stderr
         print(f"# to install: shoprld install-service -c {r.config}{' --user' if user else ''} --write"
-              f"   (or save the text above as {dest})", file=stream)
+              f"   (or save the text above as {dest}; --write also installs {crashed}, the OnFailure= unit "
+              "that pages when the daemon has failed for good)", file=stream)
         print("# then run:", file=stream)
         for c in commands(r):
             print(f"#   {c}", file=stream)

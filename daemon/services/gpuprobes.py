@@ -98,6 +98,28 @@ class NvmlProbe:
                 pass
 
 
+def nvml_gpu_indices() -> tuple[list[int] | None, str]:
+    """The GPU indices NVML counts (NVML's index order is nvidia-smi's), or (None, why) when it
+    cannot tell: ``nvidia-ml-py`` not installed, or no driver loaded."""
+    try:
+        import pynvml  # lazy: optional extra [gpu]
+    except ImportError:
+        return None, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, f"NVML: {exc}"
+    try:
+        return list(range(int(pynvml.nvmlDeviceGetCount()))), ""
+    except pynvml.NVMLError as exc:
+        return None, f"NVML: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
 class SmiProbe:
     """``nvidia-smi --query-compute-apps`` (and ``--query-gpu`` for the uuid -> index map)."""
 
@@ -222,5 +244,5 @@ def parse_gpu_indices(text: str) -> dict[str, int]:
 
 __all__ = [
     "MIB", "AutoProbe", "GpuProbe", "GpuProbeError", "GpuProcess", "NoProbe", "NvmlProbe", "SmiProbe",
-    "build_probe", "parse_compute_apps", "parse_gpu_indices",
+    "build_probe", "nvml_gpu_indices", "parse_compute_apps", "parse_gpu_indices",
 ]

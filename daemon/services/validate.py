@@ -9,6 +9,8 @@ touched or any child starts). A config that ``check`` calls ready must not crash
   result is something ``execve`` takes (no NUL byte, env names without ``=``);
 - every command that will run is configured and resolves: an absolute or relative path to an
   executable file, or a name on PATH or in the stage's conda env (``<prefix>/bin``);
+- a command that reads the round's loop dir (``{loop_dir}/val.yaml``) has ``train.emit_command``
+  to write it (the other arguments' files are ``check``'s alone: :mod:`.argpaths`);
 - the layout holds the etiquette: the volume is not the repo nor inside it, no tmpfs is mounted
   inside the checkout, and the state dir is off the volume;
 - the state dir (or the dir it will be created in) is writable, not on a read-only filesystem,
@@ -74,6 +76,7 @@ def problems(cfg: Config, layout: Layout, *, mountinfo: Path = MOUNTINFO) -> lis
     out = list(_expansion(cfg, layout))
     if not out:  # commands resolve only once their argv expands
         out.extend(_commands(cfg, layout))
+        out.extend(_unwritten_configs(cfg, layout))
     out.extend(_layout(cfg, layout, mountinfo))
     out.extend(_disk_floors(cfg, layout))
     out.extend(_state_dir(cfg, layout))
@@ -146,7 +149,7 @@ def _env_tables(cfg: Config) -> Iterator[tuple[str, Mapping[str, str]]]:
 
 
 # -- commands -------------------------------------------------------------------------------------
-def _planned_commands(cfg: Config) -> Iterator[tuple[str, tuple[str, ...], ProcessSpec, str | None]]:
+def planned_commands(cfg: Config) -> Iterator[tuple[str, tuple[str, ...], ProcessSpec, str | None]]:
     """(key, template, spec, why it is required or None when optional) for every command that can run."""
     t = cfg.train
     yield "shopsim.command", cfg.shopsim.command, cfg.shopsim, \
@@ -177,7 +180,7 @@ def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
     src = cfg.source
     values = dict(resolve(cfg, layout, 0, planned=True).values)
     base_path = layout.child_env(cfg).get("PATH", os.defpath)
-    for key, template, spec, required in _planned_commands(cfg):
+    for key, template, spec, required in planned_commands(cfg):
         if not template:
             if required:
                 yield Problem(src, key, f"empty, but {required}", "[]", "give the program's argv as a list of strings")
@@ -226,6 +229,36 @@ def _commands(cfg: Config, layout: Layout) -> Iterator[Problem]:
                 "on PATH (and the stage has no conda_prefix)"
             yield Problem(src, f"{key}[0]", f"{prog!r} is neither {where}", repr(template[0]),
                           f"install it, give its full path, or set {section}.conda_prefix to the env that has it")
+
+
+def _unwritten_configs(cfg: Config, layout: Layout) -> Iterator[Problem]:
+    """A command that reads a file in the round's loop dir (``{loop_dir}/val.yaml``) when no
+    ``train.emit_command`` is set: only the emitter writes there, so the stage would fail after
+    its retries, hours in (after TRAIN, for VAL and GATE)."""
+    if cfg.train.emit_command:
+        return
+    plan = resolve(cfg, layout, 0, planned=True)
+    loop = f"{plan.plan.loop_dir}/"
+    readers: list[str] = []
+    files: list[str] = []
+    for key, template, _spec, _required in planned_commands(cfg):
+        if key == "train.emit_command":
+            continue
+        for i, arg in enumerate(template):
+            value = arg.format_map(dict(plan.values))
+            at = value.find(loop)
+            if at >= 0 and (at == 0 or value[at - 1] == "="):
+                readers.append(f"{key}[{i}]")
+                name = value[at + len(loop):]
+                if name not in files:
+                    files.append(name)
+    if readers:
+        yield Problem(cfg.source, "train.emit_command",
+                      f"is not set, but {', '.join(readers)} read{'s' if len(readers) == 1 else ''} "
+                      f"{', '.join(files)} in the round's loop dir ({{loop_dir}}), which only the emitter writes",
+                      "[]", "set train.emit_command (ShopSimRL's scripts/emit_training_loop_round.py writes "
+                      "slime.yaml, analysis.yaml, val.yaml and gate.yaml there), or point those commands at files "
+                      "that exist")
 
 
 # -- layout ---------------------------------------------------------------------------------------

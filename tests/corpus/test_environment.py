@@ -92,9 +92,13 @@ def test_exported_bundle_is_private(campaign: Path, tmp_path: Path) -> None:
     (["init", "/dev/full"], "not a regular file"),
     (["init", "--force", "/dev/full"], "not a regular file"),
     (["init", "/proc/campaign.toml"], "cannot write the template"),
-], ids=["force-dir", "dev-full", "force-dev-full", "proc"])
+    (["init", "DIR/missing/campaign.toml"], "the directory DIR/missing does not exist; fix: create it first"),
+    (["init", "/dev/null/campaign.toml"], "cannot inspect (Not a directory)"),
+], ids=["force-dir", "dev-full", "force-dev-full", "proc", "missing-parent", "parent-a-device"])
 def test_init_where_no_template_can_go_is_one_line(tmp_path: Path, argv: list[str], needle: str) -> None:
-    """init onto a dir, a device or /proc: exit 3, one line; the dir is left as it was."""
+    """init onto a dir, a device, /proc or into a missing parent: exit 3, one line; the dir is left
+    as it was (a missing parent is not created)."""
+    needle = needle.replace("DIR", str(tmp_path))
     argv = [a.replace("DIR", str(tmp_path)) for a in argv]
     _one_line(_cli(*argv), 3, needle)
     assert list(tmp_path.iterdir()) == []

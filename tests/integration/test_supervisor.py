@@ -1,7 +1,8 @@
 """A real supervisord runs the daemon from `install-service --supervisor` (issue 25: no systemd
 in the user's container): a SIGKILLed daemon is restarted on to DONE; exit 0 and exit 3 are not
 restarted; a daemon whose heartbeat stops (SIGSTOP) is killed by the watchdog listener and
-restarted, as the unit's WatchdogSec does."""
+restarted, as the unit's WatchdogSec does; a killed daemon pages `crashed` to a loopback webhook,
+and so does the start limit (issue 28)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, make_tree, status
+from tests.receiver import Receiver
 
 pytest.importorskip("supervisor")
 pytestmark = pytest.mark.slow
@@ -164,3 +167,68 @@ def test_stop_and_status_by_hand_reach_the_supervised_daemon(tree: tuple[Path, P
         assert status(root)["state"] == "STOPPED"
     finally:
         sd.close()
+
+
+# -- a dead daemon pages someone (the unit's ExecStopPost=/OnFailure=, here the listener) ----------
+NOTIFY = """
+[notify]
+endpoints = [{ kind = "webhook", url_env = "SHOPRLD_WEBHOOK_URL", events = ["crashed"] }]
+backoff = 0.05
+"""
+
+
+def _with_webhook(campaign: Path, url: str) -> None:
+    campaign.write_text(campaign.read_text() + NOTIFY)
+    env = campaign.parent / "repo" / ".env"
+    env.write_text(env.read_text() + f"SHOPRLD_WEBHOOK_URL={url}\n")
+
+
+def _crashed(r: Receiver) -> list[dict[str, Any]]:
+    return [q.json() for q in list(r.requests) if q.json().get("event") == "crashed"]
+
+
+def test_a_sigkilled_daemon_pages_crashed_and_is_restarted(tree: tuple[Path, Path]) -> None:
+    """SIGKILL in TRAIN: the listener pages `crashed` once (how it died, that supervisord restarts
+    it) to a loopback webhook, and supervisord starts it again."""
+    campaign, conf = tree
+    root = campaign.parent
+    with Receiver() as r:
+        _with_webhook(campaign, r.url)
+        sd = Supervisord(conf)
+        try:
+            _wait("TRAIN", lambda: _in_train(root))
+            first = _wait("the daemon's pid", lambda: _daemon_pid(root))
+            os.kill(first, signal.SIGKILL)
+            page = _wait("a crashed page", lambda: _crashed(r), timeout=60)[0]
+            _wait("a second start", lambda: _starts(root) >= 2)
+            time.sleep(2)
+        finally:
+            sd.close()
+    assert len(_crashed(r)) == 1, _crashed(r)
+    assert page["state"] == "TRAIN" and page["cause"] is None
+    assert "killed by SIGKILL: the kernel's OOM killer?; supervisord restarts it" in page["message"], page
+    assert page["message"].startswith("the daemon died (last seen in TRAIN, round-")
+    assert "paging crashed: killed by SIGKILL" in (root / "state" / "supervisor" / "watchdog.log").read_text()
+
+
+def test_the_start_limit_pages_that_nothing_restarts_it(tree: tuple[Path, Path]) -> None:
+    """A start limit of 1 (the unit's is 5 in 30 min): after one SIGKILL the restart is over it,
+    the listener stops the program and pages `crashed` saying nothing restarts it (a page of its
+    own besides the crash's), and the program stays stopped."""
+    campaign, conf = tree
+    root = campaign.parent
+    conf.write_text(conf.read_text().replace("--start-limit 5", "--start-limit 1"))
+    with Receiver() as r:
+        _with_webhook(campaign, r.url)
+        sd = Supervisord(conf)
+        try:
+            _wait("TRAIN", lambda: _in_train(root))
+            os.kill(_wait("the daemon's pid", lambda: _daemon_pid(root)), signal.SIGKILL)
+            pages = _wait("two crashed pages", lambda: (p := _crashed(r)) and len(p) >= 2 and p, timeout=60)
+            _wait("STOPPED", lambda: "STOPPED" in sd.ctl("status", "shoprld-demo"), timeout=60)
+        finally:
+            sd.close()
+    gave_up = [p for p in pages if p["cause"] == "gave_up"]
+    assert len(gave_up) == 1 and len(pages) == 2, pages
+    assert gave_up[0]["message"].startswith("the daemon died, and nothing restarts it (last seen in "), gave_up
+    assert "it started more than 1 times in 30 minutes, so the listener stopped it" in gave_up[0]["message"]

@@ -5,7 +5,9 @@
 # shoprld installed in a venv inside it, and checks under it: start (Type=notify, READY=1), the
 # STATUS= line in `systemctl status`, kill -9 -> restart -> resume at the same round, reload
 # (ExecReload -> SIGHUP), a graceful `systemctl stop` (exit 0, STOPPED), a disk park (exit 4)
-# that is NOT restarted, and a watchdog stall (SIGSTOP) that systemd detects and restarts.
+# that is NOT restarted, and a watchdog stall (SIGSTOP) that systemd detects and restarts; and
+# the `crashed` pages (ExecStopPost= after the kill -9 and the watchdog kill, OnFailure= at the
+# start limit; none for a stop or a park) at a loopback webhook receiver in the container.
 #
 # SAFETY (../shared/REFERENCE.md): systemd is never started from the machine's root cgroup. Every
 # nspawn runs in a subshell that first moved itself into a dedicated child cgroup in every
@@ -113,7 +115,7 @@ mkdir -p "$ROOT/etc/systemd/journald.conf.d"
 printf '[Journal]\nStorage=volatile\n' > "$ROOT/etc/systemd/journald.conf.d/shoprld-test.conf"
 ln -sf /dev/null "$ROOT/etc/systemd/system/console-getty.service"
 # leftovers of an earlier run (the root is cached, state must not be)
-rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
+rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/etc/systemd/system/shoprld-crashed@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
 
 # -- 3. wheels on the host, offline install in the container ------------------------------------
 # The container has no network. The wheels are downloaded here with the host venv's pip, pinned
@@ -172,7 +174,7 @@ cleanup() {
     log "cgroups removed (left: $left)"
   fi
   [ -n "$RUN_CREATED" ] && rm -rf /run/systemd/nspawn
-  rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
+  rm -rf "$ROOT/etc/systemd/system/shoprld@"* "$ROOT/etc/systemd/system/shoprld-crashed@"* "$ROOT/var/lib/shoprld" "$ROOT/var/lib/private/shoprld"
   rmdir "$ROOT$PARKVOL" 2>/dev/null
   [ "${SHOPRLD_SYSTEMD_KEEP:-0}" = 1 ] || rm -rf "$W/src" "$W/srv"
   log "cleaned up (exit $rc)"
@@ -252,6 +254,17 @@ except (OSError, ValueError):
 print(eval(sys.argv[2]))
 EOF
 }
+pages() {  # pages CAMPAIGN PYEXPR: evaluate over the campaign's crashed pages (p, a list) at the receiver
+  "$HOSTPY" - "$W/srv/pages.jsonl" "$1" "$2" <<'EOF' 2>/dev/null || echo ""
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+    rows = []
+p = [r for r in rows if r.get("event") == "crashed" and r.get("campaign") == sys.argv[2]]
+print(eval(sys.argv[3]))
+EOF
+}
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll every 0.25 s, bounded
   local secs=$1 deadline=$(( $(date +%s) + $1 )) what=$2; shift 2
   while [ "$(date +%s)" -lt "$deadline" ]; do "$@" && return 0; sleep 0.25; done
@@ -277,8 +290,10 @@ t_install() {
     C "$VENV/bin/python" -m shoprld.daemon.ops.unit -c /srv/shoprld/demo.toml --write
   fi > "$OUT/install-service.txt" 2>&1 || { DETAIL="install-service failed: $(tail -2 "$OUT/install-service.txt")"; return 1; }
   cp "$ROOT/etc/systemd/system/shoprld@.service" "$OUT/unit.service"
-  C systemd-analyze verify /etc/systemd/system/shoprld@.service > "$OUT/verify.txt" 2>&1 \
-    || { DETAIL="systemd-analyze verify: $(head -3 "$OUT/verify.txt")"; return 1; }
+  cp "$ROOT/etc/systemd/system/shoprld-crashed@.service" "$OUT/crashed-unit.service" \
+    || { DETAIL="install-service wrote no shoprld-crashed@.service (the OnFailure= unit)"; return 1; }
+  C systemd-analyze verify /etc/systemd/system/shoprld@.service /etc/systemd/system/shoprld-crashed@.service \
+    > "$OUT/verify.txt" 2>&1 || { DETAIL="systemd-analyze verify: $(head -3 "$OUT/verify.txt")"; return 1; }
   [ ! -s "$OUT/verify.txt" ] || { DETAIL="verify warned: $(head -3 "$OUT/verify.txt")"; return 1; }
   for d in PrivateTmp=yes ProtectHome=read-only ProtectSystem=strict "ExecStart=$VENV/bin/shoprld run -c /srv/shoprld/%i.toml"; do
     grep -qxF "$d" "$OUT/unit.service" || { DETAIL="rendered unit lacks $d"; return 1; }
@@ -288,7 +303,14 @@ t_install() {
   mkdir -p "$ROOT/etc/systemd/system/shoprld@wd.service.d" "$ROOT/etc/systemd/system/shoprld@park.service.d"
   printf '[Service]\nWatchdogSec=3s\n' > "$ROOT/etc/systemd/system/shoprld@wd.service.d/50-test.conf"
   printf '[Service]\nReadWritePaths=-%s -/srv/shoprld/park-repo\n' "$PARKVOL" > "$ROOT/etc/systemd/system/shoprld@park.service.d/50-test.conf"
+  # the start-limit test: the second start is over the limit (the unit's is 5 in 30 min)
+  mkdir -p "$ROOT/etc/systemd/system/shoprld@sl.service.d"
+  printf '[Unit]\nStartLimitBurst=1\n[Service]\nRestartSec=1s\n' > "$ROOT/etc/systemd/system/shoprld@sl.service.d/50-test.conf"
   C systemctl daemon-reload
+  # the receiver of the campaigns' pages (their .env's SHOPRLD_WEBHOOK_URL), owned by the container's systemd
+  rm -f "$W/srv/pages.jsonl"
+  C systemd-run --quiet --unit=shoprld-test-hook "$VENV/bin/python" "$SRC/tests/systemd/hook_receiver.py" 8799 \
+    /srv/shoprld/pages.jsonl || { DETAIL="the webhook receiver did not start"; return 1; }
   DETAIL="installed via '$HOW'; verify clean; $(grep -c . "$OUT/unit.service") lines"
 }
 
@@ -401,17 +423,63 @@ t_watchdog() {
   C systemctl stop shoprld@wd.service || true
 }
 
+# -- 7. pages about a dead daemon (ExecStopPost= and OnFailure= run `notify-crashed --systemd`) ----
+demo_paged() { [ "$(pages demo 'len(p) >= 1')" = True ]; }
+t_kill9_paged() {
+  wait_for 30 "a crashed page about the kill -9" demo_paged || return 1
+  local n msg; n=$(pages demo 'len(p)'); msg=$(pages demo 'p[0]["message"]')
+  [ "$n" = 1 ] || { DETAIL="$n crashed pages for one kill"; return 1; }
+  [[ "$msg" == *"killed by SIGKILL"*"systemd restarts it"* ]] || { DETAIL="page: $msg"; return 1; }
+  DETAIL="ExecStopPost= paged: $(pages demo 'p[0]["state"]') round $(pages demo 'p[0]["round"]'): ${msg:0:160}"
+}
+t_own_exits_not_paged() {
+  local d p; d=$(pages demo 'len(p)'); p=$(pages park 'len(p)')
+  [ "$d" = 1 ] && [ "$p" = 0 ] || { DETAIL="crashed pages: demo $d (want 1: the kill -9 only, not the stop), park $p (want 0: exit 4)"; return 1; }
+  local parked; parked=$("$HOSTPY" -c 'import json,sys; print(sum(1 for l in open(sys.argv[1]) if json.loads(l).get("event") == "parked"))' "$W/srv/pages.jsonl")
+  DETAIL="after a graceful stop and a disk park (exit 4): no crashed page (park's own parked pages: $parked)"
+}
+wd_paged() { [ "$(pages wd 'len(p) >= 1')" = True ]; }
+t_watchdog_paged() {
+  wait_for 30 "a crashed page about the watchdog kill" wd_paged || return 1
+  local msg; msg=$(pages wd 'p[0]["message"]')
+  [[ "$msg" == *"watchdog"* ]] || { DETAIL="page: $msg"; return 1; }
+  DETAIL="${msg:0:160}"
+}
+sl_train() { [ "$(sj sl "s.get('state') == 'TRAIN' and s.get('step', 0) >= 1")" = True ]; }
+sl_gave_up() { [ "$(pages sl 'any(x.get("cause") == "gave_up" for x in p)')" = True ]; }
+t_start_limit_paged() {
+  C systemctl start shoprld@sl.service || { DETAIL="start failed"; return 1; }
+  wait_for 60 "sl in TRAIN" sl_train || return 1
+  C sh -c "kill -9 $(prop sl MainPID)"
+  wait_for 60 "the OnFailure= page (start limit)" sl_gave_up || return 1
+  sleep 2
+  snap status-6-start-limit.txt sl
+  local res n msg; res=$(prop sl Result); n=$(pages sl 'len(p)')
+  msg=$(pages sl '[x for x in p if x.get("cause") == "gave_up"][0]["message"]')
+  # systemd 252 keeps the last death's Result (signal), and says why it did not restart in the journal
+  [ "$(prop sl ActiveState)" = failed ] && grep -q 'Start request repeated too quickly' "$OUT/status-6-start-limit.txt" \
+    || { DETAIL="Result=$res ActiveState=$(prop sl ActiveState), no 'Start request repeated too quickly'"; return 1; }
+  [ "$n" = 2 ] || { DETAIL="$n crashed pages (want 2: the kill, then the start limit)"; return 1; }
+  [[ "$msg" == *"nothing restarts it"*"systemd stopped restarting shoprld@sl.service"* ]] || { DETAIL="page: $msg"; return 1; }
+  DETAIL="kill -9 with StartLimitBurst=1: 'Start request repeated too quickly', Result=$res; 2 pages, the OnFailure= one: ${msg:0:200}"
+}
+
 run_check install t_install
 if [ "$FAILED" = 0 ]; then
   run_check start_status t_start
   [ "$FAILED" = 0 ] && run_check kill9_restart_resume t_kill9
+  run_check kill9_paged t_kill9_paged
   run_check reload_sighup t_reload
   run_check graceful_stop t_stop
   run_check disk_park_not_restarted t_park
+  run_check own_exits_not_paged t_own_exits_not_paged
   run_check watchdog_stall t_watchdog
+  run_check watchdog_paged t_watchdog_paged
+  run_check start_limit_paged t_start_limit_paged
 fi
+cp "$W/srv/pages.jsonl" "$OUT/pages.jsonl" 2>/dev/null || true
 C journalctl -u 'shoprld@*' -o short-precise --no-pager > "$OUT/journal.txt" 2>&1 || true
-for i in demo wd park; do cp "$ROOT/var/lib/shoprld/$i/journal.jsonl" "$OUT/$i-journal.jsonl" 2>/dev/null || true; done
+for i in demo wd park sl; do cp "$ROOT/var/lib/shoprld/$i/journal.jsonl" "$OUT/$i-journal.jsonl" 2>/dev/null || true; done
 rm -rf "$OUT/logs"; mkdir -p "$OUT/logs"
 for d in "$W"/srv/ephemeral/nemo-rl/*/nemo-rl-auto-research/*/*/logs; do
   [ -d "$d" ] && cp -r "$d" "$OUT/logs/$(basename "$(dirname "$(dirname "$d")")")"

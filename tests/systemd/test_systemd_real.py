@@ -18,8 +18,8 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ("install", "start_status", "kill9_restart_resume", "reload_sighup", "graceful_stop",
-          "disk_park_not_restarted", "watchdog_stall")
+CHECKS = ("install", "start_status", "kill9_restart_resume", "kill9_paged", "reload_sighup", "graceful_stop",
+          "disk_park_not_restarted", "own_exits_not_paged", "watchdog_stall", "watchdog_paged", "start_limit_paged")
 
 
 def _skip_reason() -> str | None:

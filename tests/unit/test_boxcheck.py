@@ -88,6 +88,8 @@ require_mount = false
 forbid_same_fs = false
 [wandb]
 enabled = false
+[gpus]
+probe = "none"
 [shopsim]
 command = ["true"]
 url = "http://127.0.0.1:{shopsim or free_port()}"

@@ -79,16 +79,35 @@ def test_check_accepts_the_gpus_the_machine_has(tmp_path: Path) -> None:
     assert "gpus.visible names" not in res.stdout and "GPU count: 4 of the machine's 8 GPUs in use" in res.stdout
 
 
-def test_check_skips_the_gpu_count_without_nvidia_smi_or_for_the_demo(tmp_path: Path) -> None:
-    """No nvidia-smi (a CPU box): a note, not a refusal. gpus.probe = "none" (the demo's stand-ins,
-    which use no GPU): not checked even where nvidia-smi lists fewer GPUs."""
-    res = _check(_campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"'), None)
-    assert "GPU count: nvidia-smi-absent-here not found: the GPU count was not checked" in res.stdout
-    assert "gpus.visible names" not in res.stdout
+def test_check_refuses_gpus_on_a_box_that_shows_none_unless_the_recipe_uses_no_gpu(tmp_path: Path) -> None:
+    """No nvidia-smi and no NVML (a CPU box, or one without its driver): gpus.visible names GPUs
+    that are not there, NOT READY (exit 3) in one line with the key and the fix. gpus.probe =
+    "none" (the demo's stand-ins, which use no GPU): not checked, even where nvidia-smi lists fewer."""
+    campaign = _campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"')
+    res = _check(campaign, None)
+    assert res.returncode == 3, res.stdout + res.stderr
+    want = "gpus.visible names 4 GPU(s) [0, 1, 2, 3], but this machine shows no GPU (nvidia-smi-absent-here not found; "
+    # NVML's reason: the package is missing (CI), or it finds no driver (the [gpu] extra on a CPU box).
+    assert want in res.stdout and f"): {campaign}:gpus.visible (run it on the GPU box" in res.stdout, res.stdout
+    assert 'sets gpus.probe = "none")' in res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
     _smi(tmp_path / "bin", 1)
     (tmp_path / "demo").mkdir()
     res = _check(_campaign(tmp_path / "demo", 'probe = "none"'), tmp_path / "bin")
     assert 'GPU count not checked (gpus.probe = "none")' in res.stdout and "gpus.visible names" not in res.stdout
+
+
+def test_a_driver_that_fails_is_no_gpu_for_check(tmp_path: Path) -> None:
+    """nvidia-smi present but failing (no driver loaded): refused, with nvidia-smi's own last line."""
+    bad = tmp_path / "bin" / "nvidia-smi"
+    bad.parent.mkdir()
+    bad.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    bad.chmod(0o755)
+    res = _check(_campaign(tmp_path), tmp_path / "bin")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "but this machine shows no GPU (nvidia-smi -L failed (NVIDIA-SMI has failed because it could not " \
+           "communicate with the driver)" in res.stdout, res.stdout
 
 
 def test_a_failing_nvidia_smi_is_a_note_not_a_crash(tmp_path: Path) -> None:
@@ -223,3 +242,35 @@ def test_check_says_which_gpu_hygiene_mode_applies(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+# The calls shoprld makes of nvidia-ml-py (``import pynvml``), answered for ``count`` GPUs with
+# no process on them: a stand-in module on PYTHONPATH, as ``_smi`` is a stand-in nvidia-smi.
+_PYNVML = '''
+class NVMLError(Exception):
+    pass
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return {count}
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetUUID(h): return "GPU-%08x" % h
+def nvmlDeviceGetComputeRunningProcesses(h): return []
+'''
+
+
+def test_without_nvidia_smi_check_counts_the_gpus_with_nvml(tmp_path: Path) -> None:
+    """No nvidia-smi on PATH but nvidia-ml-py finds a driver: the count comes from NVML; two GPUs
+    for four in gpus.visible is NOT READY naming NVML, four is the count's note."""
+    campaign = _campaign(tmp_path, 'nvidia_smi = "nvidia-smi-absent-here"')
+    for count, want in ((2, "gpus.visible names 4 GPU(s) [0, 1, 2, 3], but NVML lists 2 on this machine (GPU 0,1); "
+                            "GPU 2,3 is absent"),
+                        (4, "GPU count: 4 GPU(s), as NVML lists")):
+        fake = tmp_path / f"nvml{count}"
+        fake.mkdir()
+        (fake / "pynvml.py").write_text(_PYNVML.format(count=count))
+        res = subprocess.run([sys.executable, "-m", "shoprld.daemon.ops.cli", "check", "-c", str(campaign)],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                                  "PYTHONPATH": str(fake)})
+        assert want in res.stdout, res.stdout + res.stderr
+        assert "Traceback" not in res.stdout + res.stderr

@@ -42,7 +42,7 @@ def test_gate_refusal_names_the_tools_error_and_the_split(tmp_path: Path) -> Non
     assert verdicts["gate.command"] == (
         "gate.command exited 1 (shopsimrl.paired_validation.GateEvaluationError: OLS requires more observations "
         "than chunk factors) and wrote no online_gate_manifest.json; " + SMALL
-        + " [shared/contracts/shopsimrl-tools.md §7]")
+        + " [tools contract §7]")
 
 
 def test_gate_that_exits_0_without_a_manifest_is_still_a_missing_file(tmp_path: Path) -> None:
@@ -76,6 +76,6 @@ def test_analyst_errors_behind_a_success_shaped_analyze_are_named(tmp_path: Path
          "notes": []}))
     assert dict(judge(cfg, layout, sc, []))["gate.analyze_command"] == (
         f"the analyst failed on 1 of 2 full-skill retry traces (ANALYST_ERROR ValueError: {msg}); their cards "
-        "count as analyzed but give no candidates [shared/contracts/shopsimrl-tools.md §5]")
+        "count as analyzed but give no candidates [tools contract §5]")
     (adir / "failure_cards.jsonl").write_text(json.dumps({"source_trajectory_id": "g3-retry", "status": "NO_PROPOSAL"}))
     assert "ANALYST_ERROR" not in dict(judge(cfg, layout, sc, []))["gate.analyze_command"]

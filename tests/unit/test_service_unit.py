@@ -81,13 +81,17 @@ def shm_tree() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def verify(tmp_path: Path, text: str, *, user: bool = False) -> None:
-    """systemd-analyze verify passes with no warning at all (unknown keys only warn)."""
+def verify(tmp_path: Path, text: str, *, user: bool = False, name: str = "shoprld@.service",
+           beside: dict[str, str] | None = None) -> None:
+    """systemd-analyze verify passes with no warning at all (unknown keys only warn); ``beside``:
+    other units written in the same dir (what OnFailure= names)."""
     if ANALYZE is None:
         pytest.skip("systemd-analyze not installed on this machine (the slow suite verifies in nspawn)")
     d = tmp_path / ("user" if user else "system")
     d.mkdir(exist_ok=True)
-    unit = d / "shoprld@.service"
+    for other, other_text in (beside or {}).items():
+        (d / other).write_text(other_text)
+    unit = d / name
     unit.write_text(text)
     argv = [ANALYZE, *(["--user"] if user else []), "verify", str(unit)]
     env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice"}
@@ -306,3 +310,41 @@ def test_shoprld_command_prefers_the_running_script(tmp_path: Path, monkeypatch:
     assert service.shoprld_command("pytest", str(nowhere)) == [str(nowhere), "-m", "shoprld.daemon.ops.cli"]
     monkeypatch.setenv("PATH", str(script.parent))
     assert service.shoprld_command("pytest", str(nowhere)) == [str(script)]
+
+
+# -- a dead daemon pages: ExecStopPost= after every stop, OnFailure= once nothing restarts it ------
+def test_the_unit_pages_a_death_it_could_not_report_and_a_failure_for_good(demo_tree: Path) -> None:
+    """The daemon unit runs `notify-crashed --systemd` after every stop (its failure ignored: `-`)
+    and names shoprld-crashed@%i in OnFailure=; that oneshot runs `--systemd --gave-up` in the
+    daemon's own state dir, as its user, sandboxed like it."""
+    r = service.render(demo_tree, user=False, command=["/opt/venv/bin/shoprld"])
+    u = parse_unit(r.text)
+    assert one(u, "Unit", "OnFailure") == "shoprld-crashed@%i.service"
+    assert one(u, "Service", "ExecStopPost") == \
+        f"-/opt/venv/bin/shoprld notify-crashed -c {demo_tree.parent}/%i.toml --systemd"
+    c = parse_unit(r.crashed)
+    assert one(c, "Service", "Type") == "oneshot"
+    assert one(c, "Service", "ExecStart") == \
+        f"/opt/venv/bin/shoprld notify-crashed -c {demo_tree.parent}/%i.toml --systemd --gave-up"
+    assert one(c, "Service", "StateDirectory") == one(u, "Service", "StateDirectory") == "shoprld/%i"
+    assert one(c, "Service", "User") == one(u, "Service", "User")
+    assert one(c, "Service", "ReadWritePaths") == one(u, "Service", "ReadWritePaths")
+    assert one(c, "Service", "LimitCORE") == "0" and "OnFailure" not in dict(c["Unit"])  # no page loop
+
+
+@pytest.mark.parametrize("user", [False, True], ids=["system", "user"])
+def test_systemd_analyze_verify_crashed_unit(demo_tree: Path, tmp_path: Path, user: bool) -> None:
+    """Both rendered units pass systemd-analyze verify together with no warning."""
+    r = service.render(demo_tree, user=user)
+    verify(tmp_path, r.text, user=user, beside={"shoprld-crashed@.service": r.crashed})
+    verify(tmp_path, r.crashed, user=user, name="shoprld-crashed@.service")
+
+
+def test_install_service_write_installs_the_onfailure_unit_too(
+        demo_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--write puts shoprld-crashed@.service beside shoprld@.service (the unit OnFailure= names)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert service.install_service(demo_tree, user=True, write=True) == 0
+    d = tmp_path / "cfg" / "systemd" / "user"
+    assert (d / "shoprld-crashed@.service").read_text() == service.render(demo_tree, user=True).crashed
+    assert f"wrote {d / 'shoprld-crashed@.service'}" in capsys.readouterr().out

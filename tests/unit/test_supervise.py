@@ -123,3 +123,42 @@ def test_the_start_limit_is_five_starts_in_thirty_minutes() -> None:
     assert not dog.on_start(300)
     dog = supervise.Watchdog(watchdog_sec=120, start_limit=5, start_window=1800)
     assert all(dog.on_start(t) for t in (0, 600, 1200, 1800, 2400, 3000, 3600))
+
+
+# -- pages about a dead daemon --------------------------------------------------------------------
+LOG = """2026-12-05 17:20:01,001 INFO spawned: 'shoprld-demo' with pid 4242
+2026-12-05 17:20:09,002 WARN exited: shoprld-demo ({how}; not expected)
+2026-12-05 17:20:10,003 INFO spawned: 'shoprld-demo' with pid 4250
+"""
+
+
+@pytest.mark.parametrize("how,page,words", [
+    ("terminated by SIGKILL", True, "killed by SIGKILL: the kernel's OOM killer?"),
+    ("terminated by SIGSEGV (core dumped)", True, "killed by SIGSEGV (core dumped)"),
+    ("exit status 1", True, "exited with status 1 (a bug"),
+    ("exit status 6", False, "exit status 6: the daemon paged that itself"),
+])
+def test_an_unexpected_exit_is_paged_unless_the_daemon_paged_it(how: str, page: bool, words: str) -> None:
+    """The listener reads how the program ended from supervisord's own log line (the event has no
+    status): a signal or a bug is a page, 6 (a stage failed, paged `failed`) is not."""
+    got_page, reason = supervise.exit_page("shoprld-demo", LOG.format(how=how))
+    assert got_page is page and words in reason, reason
+
+
+def test_an_exit_the_log_does_not_show_is_still_paged() -> None:
+    """No line for the program (a rotated log): a page all the same, saying the log is silent."""
+    assert supervise.exit_page("shoprld-demo", LOG.format(how="terminated by SIGKILL").replace("demo", "other")) == \
+        (True, "exited unexpectedly (supervisord's log does not say how)")
+
+
+def test_the_listener_knows_the_campaign_and_its_state_dir(demo: Path, tmp_path: Path) -> None:
+    """The listener is started with --config (its pages read the campaign's [notify]) and the
+    state dir the daemon uses, without the daemon's notify socket variables."""
+    out = tmp_path / "demo.supervisord.conf"
+    files = supervise.write_config(demo, out, command=["/opt/venv/bin/shoprld"], python=sys.executable)
+    opts = _parse(out)
+    (listener,) = [g for g in opts.process_group_configs if g.name.endswith("-watchdog")]  # type: ignore[attr-defined]
+    conf = listener.process_configs[0]
+    assert conf.command.endswith(f"--config {demo}")
+    assert conf.environment["STATE_DIRECTORY"] == str(files.parent)
+    assert "NOTIFY_SOCKET" not in conf.environment and "WATCHDOG_USEC" not in conf.environment
