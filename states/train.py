@@ -32,7 +32,7 @@ from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
-from shoprld.daemon.round import saves
+from shoprld.daemon.round import asyncsave, saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
@@ -165,6 +165,7 @@ async def run(ctx: RoundContext) -> Outcome:
         if trainer.alive():
             await trainer.stop(cfg.train.grace)
         ctx.unregister_child(trainer)
+    _warn_if_async_save_disabled(ctx)
     if followed.wrong_resume:
         assert resume is not None  # only a checked launch has a wrong resume
         # A save it made before the stop (a short save interval) moved the tracker onto its
@@ -395,6 +396,19 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                                             f"restarting from the last checkpoint")
                 last_step_at = now  # alert only: raise it once per limit
     return Followed()
+
+
+def _warn_if_async_save_disabled(ctx: RoundContext) -> None:
+    """Megatron turns ``--async-save`` off with one warning when its worker flag is missing (or
+    misspelt: slime ignores unknown flags): journal it, so that the operator sees it and the
+    save-interval model stops counting an async lag the trainer does not have."""
+    if asyncsave.flags_state(ctx.cfg.train.command, ctx.cfg.saves.async_save) == "off":
+        return
+    log = ctx.log_path(STATE)
+    if asyncsave.log_says_disabled(log, _offset_of_last_start(log)):
+        ctx.emit(saves.ASYNC_DISABLED_EVENT, log=str(log),
+                 message=f"Megatron disabled --async-save (\"Disabling --async-save\" in {log}): every save "
+                         f"blocks for its whole write; fix: pass {asyncsave.WORKER_FLAG} in train.command")
 
 
 def _offset_of_last_start(log: Path) -> int:

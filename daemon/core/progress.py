@@ -99,6 +99,10 @@ class Progress:
             snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self.view.journal("train.stall", **fields)
             self.view.write_status(force=True)
+        elif event == "train.async_save_disabled":  # Megatron's "Disabling --async-save" (daemon/round/asyncsave.py)
+            snap["warnings"] = [str(fields.get("message", "Megatron disabled --async-save"))]
+            self.view.journal(event, **fields)
+            self.view.write_status(force=True)
         elif event in JOURNALED:
             self.view.journal(event, **fields)
         elif event.startswith("gpu."):  # GPU hygiene (daemon/services/gpus.py): what held the GPUs, what was stopped, the wait

@@ -260,6 +260,8 @@ class RoundPlan:
             "checkpoint_dir": str(self.checkpoint_dir),
             "weight_version": self.weight_version,
             "sequence_parallel": "--sequence-parallel" if cfg.gpus.tp_size > 1 else "",
+            "async_save": "--async-save" if cfg.saves.async_save else "",
+            "async_save_worker": "--use-persistent-ckpt-worker" if cfg.saves.async_save else "",
             **self._wandb_team(),
             **self.inputs,
         }
