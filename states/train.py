@@ -32,7 +32,7 @@ from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
-from shoprld.daemon.round import asyncsave, saves
+from shoprld.daemon.round import asyncsave, relaunch, saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
@@ -97,21 +97,26 @@ async def run(ctx: RoundContext) -> Outcome:
             trainer = await ctx.reattach(ChildRole.TRAINER, state=STATE)
         except RayJobsError as exc:
             return Outcome.retry(f"{exc}; a live job may be running there, so none is launched")
-    if trainer is None and cfg.train.emit_command:
+    if trainer is None and cfg.train.emit_command and not _reused(ctx, ChildRole.EMIT, cfg.train.emit_command):
+        fp, t0 = _fingerprint(ctx, cfg.train.emit_command), ctx.clock.monotonic()
         await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
-    if trainer is None and cfg.train.check_command:
+        _remember(ctx, ChildRole.EMIT, fp, t0, outputs=[p for p in ctx.loop_dir.iterdir() if p.is_file()])
+    if trainer is None and cfg.train.check_command and not _reused(ctx, ChildRole.CHECK, cfg.train.check_command):
+        fp, t0 = _fingerprint(ctx, cfg.train.check_command), ctx.clock.monotonic()
         rc = await ctx.run_tool(ChildRole.CHECK, cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
         problem = check_verdict(_output_of_last(ctx.log_path(STATE), ChildRole.CHECK), rc)
         if problem is not None:
+            relaunch.forget(_record(ctx, ChildRole.CHECK))
             kind, message = problem
             ctx.emit("train.check_failed", reason=message)
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
+        _remember(ctx, ChildRole.CHECK, fp, t0)
     if trainer is None:
         await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
         _repair_tracker(ctx)
@@ -396,6 +401,35 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                                             f"restarting from the last checkpoint")
                 last_step_at = now  # alert only: raise it once per limit
     return Followed()
+
+
+def _record(ctx: RoundContext, role: ChildRole) -> Path:
+    return relaunch.record_path(ctx.layout.artifacts, ctx.round_id, role.value)
+
+
+def _fingerprint(ctx: RoundContext, template: tuple[str, ...]) -> str | None:
+    """What a tool reads: its expanded argv, the recipe's train.env, the files its argv names."""
+    argv = ctx.argv(template)
+    return relaunch.fingerprint(argv, dict(ctx.cfg.train.env), relaunch.named_files(argv))
+
+
+def _reused(ctx: RoundContext, role: ChildRole, template: tuple[str, ...]) -> bool:
+    """A relaunch in this round skips a tool whose last successful run read the same bytes and
+    whose outputs are untouched (daemon/round/relaunch.py); journaled with the seconds saved."""
+    rec = relaunch.reusable(_record(ctx, role), _fingerprint(ctx, template))
+    if rec is None:
+        return False
+    ctx.emit("train.tool_reused", role=role.value, saved_s=rec.get("seconds"),
+             reason="inputs and outputs unchanged since its last successful run in this round")
+    return True
+
+
+def _remember(ctx: RoundContext, role: ChildRole, fp: str | None, t0: float, outputs: list[Path] | None = None) -> None:
+    if fp is None:
+        relaunch.forget(_record(ctx, role))
+        return
+    relaunch.remember(_record(ctx, role), fp=fp, seconds=ctx.clock.monotonic() - t0,
+                      outputs=relaunch.outputs_digest(outputs or []))
 
 
 def _warn_if_async_save_disabled(ctx: RoundContext) -> None:

@@ -38,7 +38,8 @@ JOURNALED = ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archi
              "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
              "shopsim.restart_failed", "sidecar.drain_timeout", "shopsim.client_stopped_for_recovery",
              "train.resume_check", "train.stacks_dumped", "export.save_hf_invalid", "disk.budget",
-             "saves.no_room", "sidecar.stopped", "ledger.rebuilt", "shopsim.launcher", "analysis.stale")
+             "saves.no_room", "sidecar.stopped", "ledger.rebuilt", "shopsim.launcher", "analysis.stale",
+             "train.tool_reused")
 
 
 class Progress:

@@ -28,7 +28,8 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
-DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_STEP_SECONDS,
+DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_SAVE_BLOCK_SECONDS,
+DEMO_TOUCH_ON_CRASH, DEMO_STEP_SECONDS,
 DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
@@ -513,6 +514,11 @@ def main() -> int:
             if faults.leak_leases:
                 rollouts.run(rollout_id, leak=True)
                 log("[demo fault] leased ShopSim slots that will never be released")
+            touch = os.environ.get("DEMO_TOUCH_ON_CRASH")
+            if touch and args.custom_config_path:  # an input of emit/check edited before the relaunch
+                with open(args.custom_config_path, "a") as fh:
+                    fh.write("\n# edited before the relaunch (DEMO_TOUCH_ON_CRASH)\n")
+                Path(touch).write_text("touched\n")
             log(f"[demo fault] crashing at rollout {rollout_id}")
             os._exit(1)
         if faults.stall_at == rollout_id and faults.fire("stall_at"):
