@@ -58,7 +58,7 @@ episode_concurrency = 32
 [train]
 launcher = "local"              # "local" (a process) | "ray" (a Ray job via the Jobs REST API)
 command = ["python3", "train.py", "--load", "{load}", "--save", "{save_dir}",
-    "--save-interval", "{save_interval}", "--num-rollout", "{num_rollout}", "--save-hf", "{hf_dir}",
+    "--save-interval", "{save_interval}", "--num-rollout", "{num_rollout}", "{save_hf}", "{save_hf_dir}",
     "{async_save}", "{async_save_worker}"]   # [saves] async_save (default on): Megatron's async save
 secrets = ["WANDB_API_KEY"]     # passed in the environment only
 save_interval = 10000           # one save per round, at its last rollout

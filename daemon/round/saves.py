@@ -278,6 +278,16 @@ def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned:
     return str(cfg.train.save_interval)
 
 
+def hf_at_every_save(cfg: Config, interval: int) -> bool:
+    """Whether a launch passes ``--save-hf`` (``{save_hf} {save_hf_dir}``). slime writes the HF
+    copy synchronously after EVERY save (``actor.py`` ``save_model`` calls
+    ``save_hf_model_to_path`` after ``save``; it has no "final save only" option), ~9 GB for the
+    seed's model. So a launch whose interval can fire inside the round leaves it out when a
+    converter can write the copy once (``export.command``): EXPORT_HF converts the round's final
+    checkpoint. Without a converter, or with one save per round, ``--save-hf`` stays."""
+    return not (interval < cfg.campaign.steps_per_round and cfg.export.command)
+
+
 def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
     """Room for mid-round saves on the volume now (None when it cannot be read), from the
     campaign's budget (``preflight.budget_for``). Each save supersedes the one before it (and,

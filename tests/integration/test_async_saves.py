@@ -100,3 +100,24 @@ def test_megatrons_disabling_line_is_journaled_as_a_warning(tmp_path: Path) -> N
     assert len(warned) == 1, warned
     assert "Disabling --async-save" in warned[0]["message"] and "--use-persistent-ckpt-worker" in warned[0]["message"]
     assert "\n" not in warned[0]["message"]
+
+
+def test_a_launch_with_mid_round_saves_leaves_save_hf_out_and_export_converts_once(tmp_path: Path) -> None:
+    """{save_hf} {save_hf_dir} with saves every 3: slime would write the HF copy after each of
+    them, so the trainer gets no --save-hf and EXPORT_HF converts the final checkpoint once
+    (route convert, no export.save_hf_invalid); the campaign ends DONE."""
+    campaign = make_tree(tmp_path, rounds=1, edits={
+        r"^save_interval = 10000$": "save_interval = 3",
+        r'"--save-hf", "\{hf_dir\}",': '"{save_hf}", "{save_hf_dir}",',
+    })
+    proc = run_daemon(campaign, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = journal(tmp_path)
+    log = next((tmp_path / "ephemeral").rglob("r000-train.log")).read_text()
+    assert "--save-interval 3 " in log and "--save-hf" not in log
+    assert len([r for r in recs if r["event"] == "stage.spawn" and r.get("role") == "exporter"]) == 1
+    record = next((tmp_path / "ephemeral").rglob("round-000/export.json"), None) or next(
+        p for p in (tmp_path / "ephemeral").rglob("*.json") if '"route"' in p.read_text(errors="replace"))
+    assert '"route": "convert"' in record.read_text().replace('":"', '": "')
+    assert not [r for r in recs if r["event"] == "export.save_hf_invalid"]
+    assert status(tmp_path)["state"] == "DONE"

@@ -106,3 +106,21 @@ def test_the_recipe_and_the_template_pass_both_flags_by_default() -> None:
     for text in (recipe, TEMPLATE):
         assert '"{async_save}", "{async_save_worker}"' in text
     assert SavesSection().async_save is True
+
+
+def test_save_hf_is_left_out_only_for_mid_round_launches_with_a_converter() -> None:
+    """slime writes --save-hf after every save: a launch whose interval can fire inside the round
+    leaves it out when export.command converts once at EXPORT_HF; else it stays."""
+    from shoprld.daemon.foundation.config import load_config
+    from shoprld.daemon.foundation.placeholders import expand
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "run" / "slime-4xa800.toml")
+    assert cfg.export.command and cfg.campaign.steps_per_round == 20
+    assert saves.hf_at_every_save(cfg, 10_000) and saves.hf_at_every_save(cfg, 20)
+    assert not saves.hf_at_every_save(cfg, 5) and not saves.hf_at_every_save(cfg, 19)
+    no_converter = cfg.model_copy(update={"export": cfg.export.model_copy(update={"command": ()})})
+    assert saves.hf_at_every_save(no_converter, 5)
+    template = ["train.py", "--save-interval", "5", "{save_hf}", "{save_hf_dir}", "--num-rollout", "21"]
+    assert expand(template, {"save_hf": "", "save_hf_dir": ""}) == ["train.py", "--save-interval", "5",
+                                                                     "--num-rollout", "21"]
+    assert "{save_hf}" in cfg.train.command and "{save_hf_dir}" in cfg.train.command
