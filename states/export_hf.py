@@ -66,7 +66,7 @@ async def run(ctx: RoundContext) -> Outcome:
     if not_before is None:
         return Outcome.fail(f"{ctx.layout.save_dir}: {ctx.plan.checkpoint_name} is not complete; TRAIN must rerun")
     # A launch with mid-round saves left --save-hf out (saves.hf_at_every_save): convert.
-    skipped = not saves.hf_at_every_save(ctx.cfg, int(saves.placeholder_value(ctx.cfg, ctx.layout, ctx.round)))
+    skipped = saves.save_hf_left_out(ctx.cfg, int(saves.placeholder_value(ctx.cfg, ctx.layout, ctx.round)))
     check = (hfexport.verify(ctx.hf_dir, not_before=not_before, newer_than=_previous_export_mtime(ctx))
              if spec.mode == "save_hf" and not skipped else None)
     if check is None or not check.ok:

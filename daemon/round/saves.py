@@ -288,6 +288,12 @@ def hf_at_every_save(cfg: Config, interval: int) -> bool:
     return not (interval < cfg.campaign.steps_per_round and cfg.export.command)
 
 
+def save_hf_left_out(cfg: Config, interval: int) -> bool:
+    """Whether a launch with this interval ran without ``--save-hf`` because ``{save_hf}`` left it
+    out (a literal ``--save-hf`` in train.command is always passed)."""
+    return "{save_hf}" in cfg.train.command and not hf_at_every_save(cfg, interval)
+
+
 def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
     """Room for mid-round saves on the volume now (None when it cannot be read), from the
     campaign's budget (``preflight.budget_for``). Each save supersedes the one before it (and,

@@ -120,6 +120,9 @@ def test_save_hf_is_left_out_only_for_mid_round_launches_with_a_converter() -> N
     assert not saves.hf_at_every_save(cfg, 5) and not saves.hf_at_every_save(cfg, 19)
     no_converter = cfg.model_copy(update={"export": cfg.export.model_copy(update={"command": ()})})
     assert saves.hf_at_every_save(no_converter, 5)
+    assert saves.save_hf_left_out(cfg, 5) and not saves.save_hf_left_out(cfg, 10_000)
+    literal = cfg.model_copy(update={"train": cfg.train.model_copy(update={"command": ("train.py", "--save-hf", "/hf")})})
+    assert not saves.save_hf_left_out(literal, 5)  # a literal --save-hf is always passed: EXPORT_HF verifies it
     template = ["train.py", "--save-interval", "5", "{save_hf}", "{save_hf_dir}", "--num-rollout", "21"]
     assert expand(template, {"save_hf": "", "save_hf_dir": ""}) == ["train.py", "--save-interval", "5",
                                                                      "--num-rollout", "21"]
