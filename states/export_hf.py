@@ -19,6 +19,7 @@ from pathlib import Path
 
 from shoprld.daemon.foundation import hfexport
 from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.round import saves
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.store import atomic_write_json
 
@@ -63,8 +64,10 @@ async def run(ctx: RoundContext) -> Outcome:
     not_before = _commit_time(ctx)
     if not_before is None:
         return Outcome.fail(f"{ctx.layout.save_dir}: {ctx.plan.checkpoint_name} is not complete; TRAIN must rerun")
+    # A launch with mid-round saves left --save-hf out (saves.hf_at_every_save): convert.
+    skipped = saves.save_hf_left_out(ctx.cfg, int(saves.placeholder_value(ctx.cfg, ctx.layout, ctx.round)))
     check = (hfexport.verify(ctx.hf_dir, not_before=not_before, newer_than=_previous_export_mtime(ctx))
-             if spec.mode == "save_hf" else None)
+             if spec.mode == "save_hf" and not skipped else None)
     if check is None or not check.ok:
         if check is not None:
             ctx.emit("export.save_hf_invalid", detail=check.detail)

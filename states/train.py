@@ -32,7 +32,7 @@ from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
-from shoprld.daemon.round import resume, saves
+from shoprld.daemon.round import asyncsave, relaunch, resume, saves
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
@@ -118,21 +118,26 @@ async def _prepare_launch(ctx: RoundContext) -> Outcome | None:
     witness alive retrained, stale clients and leaked leases gone, ShopSim ready, GPUs free.
     None when it may launch; else the attempt's outcome."""
     cfg = ctx.cfg
-    if cfg.train.emit_command:
+    if cfg.train.emit_command and not _reused(ctx, ChildRole.EMIT, cfg.train.emit_command):
+        fp, t0 = _fingerprint(ctx, cfg.train.emit_command), ctx.clock.monotonic()
         await ctx.run_tool(ChildRole.EMIT, cfg.train.emit_command, cfg.train, state=STATE, timeout=300, secrets=())
         if not (ctx.loop_dir / "slime.yaml").is_file():
             return Outcome.retry(f"{ctx.loop_dir / 'slime.yaml'}: not written by train.emit_command")
         bad = port_mismatches(cfg, ctx.loop_dir)
         if bad:  # the seed hard-codes 5700 and 30000 in the emitted YAMLs: a silent breakage
             return Outcome.fail("; ".join(bad[:3]))
-    if cfg.train.check_command:
+        _remember(ctx, ChildRole.EMIT, fp, t0, outputs=[p for p in ctx.loop_dir.iterdir() if p.is_file()])
+    if cfg.train.check_command and not _reused(ctx, ChildRole.CHECK, cfg.train.check_command):
+        fp, t0 = _fingerprint(ctx, cfg.train.check_command), ctx.clock.monotonic()
         rc = await ctx.run_tool(ChildRole.CHECK, cfg.train.check_command, cfg.train, state=STATE, timeout=300, secrets=())
         problem = check_verdict(_output_of_last(ctx.log_path(STATE), ChildRole.CHECK), rc)
         if problem is not None:
+            relaunch.forget(_record(ctx, ChildRole.CHECK))
             kind, message = problem
             ctx.emit("train.check_failed", reason=message)
             why = f"{message}; see {ctx.log_path(STATE)}"
             return Outcome.retry(why) if kind == "retry" else Outcome.fail(why)
+        _remember(ctx, ChildRole.CHECK, fp, t0)
     await ctx.shopsim.settle_outage(ctx.plan, ctx)  # retrain what ShopSim did not witness alive
     await _stop_stale_clients(ctx)
     problem = await ctx.shopsim.recover_leaks(ctx.plan, ctx, reason="before the trainer starts")
@@ -176,6 +181,7 @@ async def _run_trainer(ctx: RoundContext, trainer: Child, resumed: resume.Resume
         if trainer.alive():
             await trainer.stop(ctx.cfg.train.grace)
         ctx.unregister_child(trainer)
+    _warn_if_async_save_disabled(ctx)
     if followed.wrong_resume and resumed is not None and resumed.load is not None:
         # A save it made before the stop (a short save interval) moved the tracker onto its
         # wrongly numbered iteration: the next run must resume from what this launch loaded.
@@ -385,6 +391,48 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
                                             f"restarting from the last checkpoint")
                 last_step_at = now  # alert only: raise it once per limit
     return Followed()
+
+
+def _record(ctx: RoundContext, role: ChildRole) -> Path:
+    return relaunch.record_path(ctx.layout.artifacts, ctx.round_id, role.value)
+
+
+def _fingerprint(ctx: RoundContext, template: tuple[str, ...]) -> str | None:
+    """What a tool reads: its expanded argv, the recipe's train.env, the files its argv names."""
+    argv = ctx.argv(template)
+    return relaunch.fingerprint(argv, dict(ctx.cfg.train.env), relaunch.named_files(argv))
+
+
+def _reused(ctx: RoundContext, role: ChildRole, template: tuple[str, ...]) -> bool:
+    """A relaunch in this round skips a tool whose last successful run read the same bytes and
+    whose outputs are untouched (daemon/round/relaunch.py); journaled with the seconds saved."""
+    rec = relaunch.reusable(_record(ctx, role), _fingerprint(ctx, template))
+    if rec is None:
+        return False
+    ctx.emit("train.tool_reused", role=role.value, saved_s=rec.get("seconds"),
+             reason="inputs and outputs unchanged since its last successful run in this round")
+    return True
+
+
+def _remember(ctx: RoundContext, role: ChildRole, fp: str | None, t0: float, outputs: list[Path] | None = None) -> None:
+    if fp is None:
+        relaunch.forget(_record(ctx, role))
+        return
+    relaunch.remember(_record(ctx, role), fp=fp, seconds=ctx.clock.monotonic() - t0,
+                      outputs=relaunch.outputs_digest(outputs or []))
+
+
+def _warn_if_async_save_disabled(ctx: RoundContext) -> None:
+    """Megatron turns ``--async-save`` off with one warning when its worker flag is missing (or
+    misspelt: slime ignores unknown flags): journal it, so that the operator sees it and the
+    save-interval model stops counting an async lag the trainer does not have."""
+    if asyncsave.flags_state(ctx.cfg.train.command, ctx.cfg.saves.async_save) == "off":
+        return
+    log = ctx.log_path(STATE)
+    if asyncsave.log_says_disabled(log, _offset_of_last_start(log)):
+        ctx.emit(saves.ASYNC_DISABLED_EVENT, log=str(log),
+                 message=f"Megatron disabled --async-save (\"Disabling --async-save\" in {log}): every save "
+                         f"blocks for its whole write; fix: pass {asyncsave.WORKER_FLAG} in train.command")
 
 
 def _offset_of_last_start(log: Path) -> int:

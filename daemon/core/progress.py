@@ -36,7 +36,8 @@ JOURNALED = ("shopsim.died", "shopsim.lease_leak", "shopsim.restart", "run.archi
              "shopsim.release_all", "shopsim.leaks_recovered", "shopsim.waited",
              "shopsim.restart_failed", "sidecar.drain_timeout", "shopsim.client_stopped_for_recovery",
              "train.resume_check", "train.stacks_dumped", "export.save_hf_invalid", "disk.budget",
-             "saves.no_room", "sidecar.stopped", "ledger.rebuilt", "shopsim.launcher", "analysis.stale")
+             "saves.no_room", "sidecar.stopped", "ledger.rebuilt", "shopsim.launcher", "analysis.stale",
+             "train.tool_reused")
 
 
 class Progress:
@@ -95,6 +96,10 @@ class Progress:
                 self._alert("stalled", f"trainer stalled: no step for {fields.get('idle_s')}s", failure=False)
             snap["warnings"] = [f"trainer stalled: no step for {fields.get('idle_s')}s"]
             self.view.journal("train.stall", **fields)
+            self.view.write_status(force=True)
+        elif event == "train.async_save_disabled":  # Megatron's "Disabling --async-save" (daemon/round/asyncsave.py)
+            snap["warnings"] = [str(fields.get("message", "Megatron disabled --async-save"))]
+            self.view.journal(event, **fields)
             self.view.write_status(force=True)
         elif event in JOURNALED:
             self.view.journal(event, **fields)

@@ -278,6 +278,10 @@ class SavesSection(FrozenModel):
     # campaign's own trainer failures and training hours are added to them.
     prior_faults: Float = Field(default=2.0, gt=0, le=MAX_COUNT)
     prior_window: Duration = Field(default=25 * 3600.0, gt=0)
+    # Megatron's async save ({async_save} {async_save_worker} in train.command): a mid-round save
+    # blocks training only for its planning and device-to-host copy, and its tracker lands when
+    # the next save starts (one interval of lag in what a crash loses; daemon/round/saves.py).
+    async_save: Bool = True
 
 
 class SidecarSection(ProcessSpec):

@@ -63,12 +63,17 @@ PLACEHOLDERS: dict[str, str] = {
     "checkpoint_dir": "<save_dir>/iter_<end_iteration>",
     "weight_version": "the weight version the val server must report (iter_<end_iteration>)",
     "sequence_parallel": "--sequence-parallel when gpus.tp_size > 1, else left out (as upstream)",
+    "save_hf": "--save-hf, left out when the launch saves mid-round and export.command can convert once",
+    "save_hf_dir": "hf_dir, left out with {save_hf}",
+    "async_save": "--async-save when saves.async_save (the default), else left out",
+    "async_save_worker": "--use-persistent-ckpt-worker when saves.async_save, else left out (without it Megatron disables --async-save)",
     "wandb_team_flag": "--wandb-team when the .env sets WANDB_ENTITY, else left out (as upstream)",
     "wandb_entity": "the .env's WANDB_ENTITY, else left out",
 }
 # An argv element that is exactly one of these placeholders is left out when its value is
 # empty: upstream's optional flags (run_shopsimrl_slime.sh adds them only when they apply).
-OPTIONAL_ARGS = frozenset({"{sequence_parallel}", "{wandb_team_flag}", "{wandb_entity}"})
+OPTIONAL_ARGS = frozenset({"{sequence_parallel}", "{wandb_team_flag}", "{wandb_entity}", "{async_save}",
+                           "{async_save_worker}", "{save_hf}", "{save_hf_dir}"})
 # What a placeholder (and a [vars] name) may be called.
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -29,6 +29,7 @@ from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
 from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, volume_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.core.startcheck import start_problems
+from shoprld.daemon.round import asyncsave
 from shoprld.daemon.round.saves import describe as describe_saves
 from shoprld.daemon.round.saves import plan as plan_saves
 from shoprld.daemon.foundation.secrets import Secrets, load_secrets
@@ -187,6 +188,7 @@ def run_check(path: Path, *, print_commands: bool = False, placeholders: bool = 
     out("\n" + df_text(cfg, layout) + "\n")
     out(f"{_budget_line(cfg, layout)}\n")
     out(f"saves: {describe_saves(plan_saves(cfg, layout, 0, now=time.time(), planned=True))}\n")
+    out(f"{asyncsave.command_line(cfg.train.command, cfg.saves.async_save)}\n")
     out("\nthe box (/dev/shm, ports, caches)\n")
     for box in box_lines(cfg, layout):
         out(f"  {secrets.redact(box.shown())}\n")  # a foreign command line may quote a key

@@ -63,7 +63,8 @@ emit_command = ["python3", "scripts/emit_training_loop_round.py", "--project-roo
     "--round-id", "{round_id}", "--skillbank", "{skillbank}", "--curriculum", "{curriculum}",
     "--history-ledger", "{history_ledger}"]
 command = ["python3", "train.py", "--load", "{load}", "--save", "{save_dir}",
-    "--save-interval", "{save_interval}", "--num-rollout", "{num_rollout}", "--save-hf", "{hf_dir}"]
+    "--save-interval", "{save_interval}", "--num-rollout", "{num_rollout}", "{save_hf}", "{save_hf_dir}",
+    "{async_save}", "{async_save_worker}"]   # [saves] async_save (default on): Megatron's async save
 secrets = ["WANDB_API_KEY"]     # passed in the environment only
 save_interval = 10000           # one save per round, at its last rollout
 end_offset = 0                  # round r ends at iteration (r+1)*steps_per_round + end_offset

@@ -167,6 +167,7 @@ def derive(cfg: Config, layout: Layout, sc: Scratch, *, real_analyst: bool, noti
         "command": _wrap(("{python}", f"{demo}/slime_train.py", "--hf-checkpoint", "{origin_hf_dir}",
                           "--load", "{load}",
                     "--save", "{save_dir}", "--save-interval", "{save_interval}", "--save-hf", "{hf_dir}",
+                    "{async_save}", "{async_save_worker}",
                     "--custom-config-path", "{loop_dir}/slime.yaml", "--num-rollout", "{num_rollout}",
                     "--use-wandb", "--wandb-mode", "offline", "--wandb-project", "{wandb_project}",
                     "--wandb-group", "{wandb_group}", "--wandb-dir", "{wandb_dir}"), TRAINER, sc),

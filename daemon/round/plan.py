@@ -297,6 +297,10 @@ class RoundPlan:
             return str(self.next_runs_dir / "selected_skillbank.json")
         return current
 
+    def _hf_at_every_save(self, facts: RoundFacts) -> bool:
+        interval = facts.save_interval or str(self.cfg.train.save_interval)
+        return saves.hf_at_every_save(self.cfg, int(interval)) if interval.isdigit() else True
+
     def values(self, facts: RoundFacts) -> dict[str, str]:
         """Every {placeholder} for this round (placeholders.PLACEHOLDERS documents them)."""
         cfg, lay = self.cfg, self.layout
@@ -328,6 +332,10 @@ class RoundPlan:
             "checkpoint_dir": str(self.checkpoint_dir),
             "weight_version": self.weight_version,
             "sequence_parallel": "--sequence-parallel" if cfg.gpus.tp_size > 1 else "",
+            "save_hf": "--save-hf" if self._hf_at_every_save(facts) else "",
+            "save_hf_dir": str(self.hf_dir) if self._hf_at_every_save(facts) else "",
+            "async_save": "--async-save" if cfg.saves.async_save else "",
+            "async_save_worker": "--use-persistent-ckpt-worker" if cfg.saves.async_save else "",
             **self._wandb_team(),
             **self.inputs,
         }

@@ -68,7 +68,7 @@ from shoprld.daemon.foundation.paths import record_file, round_id
 from shoprld.daemon.foundation.preflight import budget_for
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
-from shoprld.daemon.round import resume
+from shoprld.daemon.round import asyncsave, resume
 
 # The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke
 # megatron-core trainer's own line. The seconds are the first group.
@@ -80,11 +80,18 @@ NUDGE = 0.25      # how far (a fraction of the optimum) an interval may move off
 
 
 # -- the formula ---------------------------------------------------------------------------------
-def young_daly_steps(save_cost_s: float, mtbf_s: float, step_s: float) -> float:
-    """The optimal work between saves, ``sqrt(2 * C * MTBF)``, in steps (unrounded)."""
-    if save_cost_s <= 0 or mtbf_s <= 0 or step_s <= 0:
-        raise ValueError(f"save cost, MTBF and step time must be > 0, got {save_cost_s}, {mtbf_s}, {step_s}")
-    return math.sqrt(2.0 * save_cost_s * mtbf_s) / step_s
+def young_daly_steps(save_cost_s: float, mtbf_s: float, step_s: float, lag_intervals: int = 0) -> float:
+    """The optimal work between saves, in steps (unrounded).
+
+    Per second of work, saves every ``T`` cost ``C / T`` and faults cost what a fault loses over
+    the MTBF: ``T / 2`` on average since the last save, plus ``lag_intervals * T`` when the last
+    save(s) cannot be resumed from yet (an async save's tracker lands only when the next save
+    starts: ``lag_intervals = 1``). The minimum of ``C / T + (1/2 + lag) T / MTBF`` is at
+    ``T = sqrt(2 C MTBF / (1 + 2 lag))``: Young's ``sqrt(2 C MTBF)`` when nothing lags."""
+    if save_cost_s <= 0 or mtbf_s <= 0 or step_s <= 0 or lag_intervals < 0:
+        raise ValueError(f"save cost, MTBF and step time must be > 0 and the lag >= 0, got {save_cost_s}, "
+                         f"{mtbf_s}, {step_s}, {lag_intervals}")
+    return math.sqrt(2.0 * save_cost_s * mtbf_s / (1 + 2 * lag_intervals)) / step_s
 
 
 def learned_mtbf(prior_faults: float, prior_window_s: float, faults: int, exposure_s: float) -> float:
@@ -117,6 +124,7 @@ class History:
     faults: tuple[float, ...] = ()       # the times (epoch seconds) trainer work was lost
     exposure_s: float = 0.0              # seconds spent in TRAIN
     step_s: float | None = None          # the latest round's median step time
+    async_disabled: bool = False         # a trainer's log said Megatron disabled --async-save
 
 
 def timing_key(rec: Mapping[str, Any]) -> tuple[str, int]:
@@ -133,6 +141,7 @@ def read_history(records: Iterable[Mapping[str, Any]], *, now: float) -> History
     prev: Mapping[str, Any] | None = None
     trainer_ran = False
     died_in_train: float | None = None  # a daemon died in TRAIN: lost work, unless the trainer is adopted
+    async_disabled = False
     for rec in records:
         event, t = rec.get("event"), _num(rec.get("t"))
         restart = event == "transition" and rec.get("src") is None
@@ -154,10 +163,12 @@ def read_history(records: Iterable[Mapping[str, Any]], *, now: float) -> History
             costs[timing_key(rec)] = s
         elif event == "stage.outcome" and rec.get("state") == "TRAIN" and (s := _num(rec.get("step_seconds"))):
             step = s if s > 0 else step
+        elif event == ASYNC_DISABLED_EVENT:
+            async_disabled = True
         prev = rec
     if prev is not None and prev.get("state") == "TRAIN" and (last := _num(prev.get("t"))) is not None:
         exposure += max(0.0, now - last)  # the attempt under way
-    return History(tuple(costs.values()), tuple(faults), exposure, step)
+    return History(tuple(costs.values()), tuple(faults), exposure, step, async_disabled)
 
 
 def save_timings(data: bytes, *, base_offset: int = 0) -> list[tuple[int, float]]:
@@ -166,6 +177,8 @@ def save_timings(data: bytes, *, base_offset: int = 0) -> list[tuple[int, float]
 
 
 NO_ROOM = "no disk room for a mid-round save"
+# TRAIN journals it when the trainer's log has Megatron's line below (daemon/round/asyncsave.py).
+ASYNC_DISABLED_EVENT = "train.async_save_disabled"
 
 
 # -- the choice -----------------------------------------------------------------------------------
@@ -200,6 +213,7 @@ class SaveChoice:
     disk_room: bool | None        # None: not judged (fixed mode, or the volume could not be read)
     disk_need_bytes: int | None
     disk_room_bytes: int | None
+    async_save: bool = False      # the lag of one interval counted (saves.async_save, not disabled)
 
     def as_event(self) -> dict[str, Any]:
         """The ``save.interval`` fields, with the one-line ``summary`` that status shows."""
@@ -207,7 +221,7 @@ class SaveChoice:
 
 
 def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_left: int,
-           end_iteration: int, num_rollout: int, room: DiskRoom | None) -> SaveChoice:
+           end_iteration: int, num_rollout: int, room: DiskRoom | None, async_save: bool = False) -> SaveChoice:
     """The interval for one launch (see the module docstring); pure."""
     recent = history.save_costs[-RECENT_SAVES:]
     cost, cost_src = ((statistics.median(recent), f"measured (median of the last {len(recent)})") if recent
@@ -219,16 +233,17 @@ def choose(saves: SavesSection, *, fixed_interval: int, history: History, steps_
     step, step_src = ((history.step_s, "measured (TRAIN's median)") if history.step_s
                       else (saves.step_guess, "guess ([saves] step_guess)"))
     once = max(fixed_interval, num_rollout)  # never fires before the last rollout
+    lagged = async_save and not history.async_disabled  # the argv asks for it, and Megatron kept it
     as_fixed = SaveChoice(mode=saves.mode, interval=fixed_interval, mid_round=fixed_interval < steps_left,
                           reason="train.save_interval ([saves] mode = fixed)", optimum_steps=None,
                           steps_left=steps_left, save_cost_s=cost, save_cost_source=cost_src, mtbf_s=mtbf,
                           mtbf_source=mtbf_src, step_s=step, step_source=step_src,
                           disk_room=None if room is None else room.ok,
                           disk_need_bytes=None if room is None else room.need_bytes,
-                          disk_room_bytes=None if room is None else room.room_bytes)
+                          disk_room_bytes=None if room is None else room.room_bytes, async_save=lagged)
     if saves.mode == "fixed":
         return as_fixed
-    optimum = young_daly_steps(cost, mtbf, step)
+    optimum = young_daly_steps(cost, mtbf, step, lag_intervals=1 if lagged else 0)
     k = steps_interval(optimum, steps_left, end_iteration)
     if k >= steps_left:  # an interval of the whole round could still fire once before its end
         return replace(as_fixed, interval=once, mid_round=False, optimum_steps=optimum,
@@ -259,6 +274,22 @@ def placeholder_value(cfg: Config, layout: Layout, round_index: int, *, planned:
     if isinstance(rec.get("interval"), int) and rec["interval"] >= 1:
         return str(rec["interval"])
     return str(cfg.train.save_interval)
+
+
+def hf_at_every_save(cfg: Config, interval: int) -> bool:
+    """Whether a launch passes ``--save-hf`` (``{save_hf} {save_hf_dir}``). slime writes the HF
+    copy synchronously after EVERY save (``actor.py`` ``save_model`` calls
+    ``save_hf_model_to_path`` after ``save``; it has no "final save only" option), ~9 GB for the
+    seed's model. So a launch whose interval can fire inside the round leaves it out when a
+    converter can write the copy once (``export.command``): EXPORT_HF converts the round's final
+    checkpoint. Without a converter, or with one save per round, ``--save-hf`` stays."""
+    return not (interval < cfg.campaign.steps_per_round and cfg.export.command)
+
+
+def save_hf_left_out(cfg: Config, interval: int) -> bool:
+    """Whether a launch with this interval ran without ``--save-hf`` because ``{save_hf}`` left it
+    out (a literal ``--save-hf`` in train.command is always passed)."""
+    return "{save_hf}" in cfg.train.command and not hf_at_every_save(cfg, interval)
 
 
 def disk_room(cfg: Config, layout: Layout) -> DiskRoom | None:
@@ -294,7 +325,8 @@ def plan(cfg: Config, layout: Layout, round_index: int, *, now: float, planned: 
     room = disk_room(cfg, layout) if cfg.saves.mode == "adaptive" else None
     steps_left, end, num_rollout = _steps_left(cfg, layout, round_index, planned=planned)
     return choose(cfg.saves, fixed_interval=cfg.train.save_interval, history=history, steps_left=steps_left,
-                  end_iteration=end, num_rollout=num_rollout, room=room)
+                  end_iteration=end, num_rollout=num_rollout, room=room,
+                  async_save=asyncsave.flags_state(cfg.train.command, cfg.saves.async_save) == "on")
 
 
 def _journal(layout: Layout) -> list[dict[str, Any]]:
@@ -350,7 +382,8 @@ def describe(choice: SaveChoice) -> str:
     """One line for ``check`` and ``status``."""
     if choice.mode == "fixed":
         return f"fixed: --save-interval {choice.interval} (train.save_interval)"
-    inputs = (f"save {choice.save_cost_s:.0f}s {_short(choice.save_cost_source)}, "
+    inputs = (f"save {choice.save_cost_s:.0f}s {_short(choice.save_cost_source)}"
+              f"{' async, its lag counted' if choice.async_save else ''}, "
               f"MTBF {choice.mtbf_s / 3600:.3g}h {_short(choice.mtbf_source)}, "
               f"step {choice.step_s:.0f}s {_short(choice.step_source)}")
     if choice.mid_round:

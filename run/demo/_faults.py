@@ -18,6 +18,9 @@ DEMO_FAULT_ONCE_DIR=DIR each fires once, while DIR/<marker> is absent, and creat
 - DEMO_HANG_ON_START=1         alive forever before the first rollout (`hang_on_start`);
 - DEMO_LEAK_LEASES=1           lease ShopSim slots and never release them: at DEMO_CRASH_AT, or
                                after the last rollout with exit 0 (`crash_at`, `leak_leases`);
+- DEMO_TOUCH_ON_CRASH=FILE     at DEMO_CRASH_AT, first append a comment to --custom-config-path
+                               (the emitted slime.yaml: an input edited before the relaunch) and
+                               create FILE;
 - DEMO_FAULT_RESUME_AT_ZERO=1  slime#1558: after `--load` of a numbered checkpoint (not the
                                converted base's `release`), the weights load but the rollout count
                                restarts at 0 instead of tracker + 1 (`resume_at_zero`).

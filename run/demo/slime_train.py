@@ -28,7 +28,8 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
-DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_STEP_SECONDS,
+DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_SAVE_BLOCK_SECONDS,
+DEMO_TOUCH_ON_CRASH, DEMO_STEP_SECONDS,
 DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
@@ -39,7 +40,9 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--save-interval", type=int)
     p.add_argument("--num-rollout", type=int)
     p.add_argument("--save-hf")
+    # Megatron's flags; slime passes them through (arguments.py reset_arg "--async-save").
+    p.add_argument("--async-save", action="store_true")
+    p.add_argument("--use-persistent-ckpt-worker", action="store_true")
     p.add_argument("--custom-config-path")
     p.add_argument("--hf-checkpoint")
     p.add_argument("--ref-load")
@@ -133,8 +139,9 @@ def stall_forever(what: str) -> None:
 
 # ---------------------------------------------------------------- checkpoints
 
-def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
-    """Write `iter_N/` in Megatron's order, each file fsynced; return the weights digest."""
+def write_data(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
+    """The shards of `iter_N/` (common.pt, __R_0.distcp, .metadata), each fsynced; return the
+    weights digest (what `_common.load_checkpoint` computes from them)."""
     ckpt_bytes = c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0
     shards = max(1, c.env_int("DEMO_CKPT_SHARDS", 1) or 1)
     hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
@@ -162,8 +169,30 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     dcp = {"format": "shoprld-demo-dcp-v1 (stand-in for torch DCP metadata)",
            "iteration": iteration, "shards": records}
     c.write_fsync(d / ".metadata", c.canonical_json(dcp).encode())
+    digest = hashlib.sha256()
+    for name, info in sorted(records.items()):
+        digest.update(name.encode() + b"\0" + bytes.fromhex(info["sha256"]))
+    return digest.hexdigest()
+
+
+def finalize(save: Path, iteration: int) -> None:
+    """megatron-core's finalize functions, in their order: `metadata.json` (serialization.py's
+    metadata_finalize_fn), then Megatron's tracker (checkpointing.py's iter_finalize_fn), a
+    plain (non-atomic) write."""
+    d = save / c.iter_dir_name(iteration)
     c.write_fsync(d / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
     c.fsync_dir(d)
+    c.fsync_dir(save)
+    with open(save / c.TRACKER, "w") as f:
+        f.write(str(iteration))
+
+
+def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
+    """A synchronous save: `iter_N/` in Megatron's order, each file fsynced, then the tracker;
+    return the weights digest."""
+    digest = write_data(save, iteration, seed, faults)
+    c.write_fsync(save / c.iter_dir_name(iteration) / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
+    c.fsync_dir(save / c.iter_dir_name(iteration))
     c.fsync_dir(save)
     # DEMO_SAVE_SECONDS: the wall time a real save takes beyond these small writes (a 53 GB
     # checkpoint takes minutes); benchmarks set it so that a save costs what it costs.
@@ -171,7 +200,54 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     # Megatron writes the tracker last, with a plain (non-atomic) write.
     with open(save / c.TRACKER, "w") as f:
         f.write(str(iteration))
-    return c.load_checkpoint(d)["weights_digest"]
+    return digest
+
+
+class AsyncSaver:
+    """Megatron's `--async-save` with `--use-persistent-ckpt-worker`, as slime drives it.
+
+    A save blocks for DEMO_SAVE_BLOCK_SECONDS (planning and the device-to-host copy: what
+    bench_save.py measures as the blocking part), then a worker thread writes the shards and
+    waits DEMO_SAVE_SECONDS (the background write), while training goes on. Nothing marks the
+    save complete until it is finalized: `metadata.json`, then the tracker. slime finalizes a
+    save only at the start of the NEXT one (`save_model`: `maybe_finalize_async_save(blocking=True)`
+    before `save(...)`) or right after a forced-sync save (the last rollout): so iteration k's
+    tracker lands only when save k+1 starts, and a kill in between leaves `iter_k/` without
+    `metadata.json` and the tracker at the save before it."""
+
+    def __init__(self, save: Path, seed: int, faults: Faults) -> None:
+        self.save, self.seed, self.faults = save, seed, faults
+        self.pending: tuple[int, threading.Thread, list[str]] | None = None
+
+    def finalize_pending(self) -> None:
+        if self.pending is None:
+            return
+        iteration, worker, _ = self.pending
+        worker.join()
+        finalize(self.save, iteration)
+        self.pending = None
+        slime_log(f"successfully saved checkpoint from iteration {iteration:7d} to {self.save} [ t 1/1, p 1/1 ]",
+                  "checkpointing.py:0")
+
+    def schedule(self, iteration: int) -> None:
+        time.sleep(c.env_float("DEMO_SAVE_BLOCK_SECONDS", 0.0) or 0.0)
+        digest: list[str] = []
+
+        def work() -> None:
+            digest.append(write_data(self.save, iteration, self.seed, self.faults))
+            time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0)
+
+        worker = threading.Thread(target=work, name=f"ckpt-worker-{iteration}", daemon=True)
+        worker.start()
+        self.pending = (iteration, worker, digest)
+        slime_log(f"scheduled an async checkpoint save at iteration {iteration:7d} to {self.save}",
+                  "checkpointing.py:0")
+
+    def digest(self, iteration: int) -> str:
+        """The weights digest of the pending save (waits for its writes: --save-hf needs them)."""
+        assert self.pending is not None and self.pending[0] == iteration
+        self.pending[1].join()
+        return self.pending[2][0]
 
 
 def save_hf(out: str, weights_digest: str, hf_bytes: int, config: bytes) -> None:
@@ -205,12 +281,23 @@ def save_hf(out: str, weights_digest: str, hf_bytes: int, config: bytes) -> None
     c.fsync_dir(d)
 
 
-def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+def save_all(args: argparse.Namespace, iteration: int, faults: Faults, saver: AsyncSaver | None = None,
+             force_sync: bool = False) -> None:
     save = Path(args.save)
+    if saver is not None:  # slime's save_model: finish the previous async save first
+        saver.finalize_pending()
     log(f"saving checkpoint iter {iteration} to {save}")
-    digest = write_checkpoint(save, iteration, args.seed, faults)
-    slime_log(f"successfully saved checkpoint from iteration {iteration:7d} to {save} [ t 1/1, p 1/1 ]",
-              "checkpointing.py:0")
+    if saver is None:
+        digest = write_checkpoint(save, iteration, args.seed, faults)
+        slime_log(f"successfully saved checkpoint from iteration {iteration:7d} to {save} [ t 1/1, p 1/1 ]",
+                  "checkpointing.py:0")
+    else:
+        saver.schedule(iteration)
+        # --save-hf needs the weights: the stand-in waits for its own writes to read them back
+        # (slime's save_hf gathers them from the model in memory instead).
+        digest = saver.digest(iteration) if args.save_hf else ""
+        if force_sync:  # slime: the last rollout's save is finalized at once (train.py force_sync)
+            saver.finalize_pending()
     if args.save_hf:
         hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
         save_hf(args.save_hf.format(rollout_id=iteration), digest, hf_bytes, c.hf_config_from(args.hf_checkpoint))
@@ -221,13 +308,14 @@ def save_all(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
     c.write_fsync(save / "rollout" / f"global_dataset_state_dict_{iteration}.pt", c.canonical_json(state).encode())
 
 
-def timed_save(args: argparse.Namespace, iteration: int, faults: Faults) -> None:
+def timed_save(args: argparse.Namespace, iteration: int, faults: Faults, saver: AsyncSaver | None = None,
+               force_sync: bool = False) -> None:
     """slime's `@timer` around `save_model` (slime/observability/timer.py): `Timer save_model
     start`, the save (checkpoint, --save-hf, data state), `Timer save_model end (elapsed: X.Xs)`.
     DEMO_SAVE_SECONDS (in write_checkpoint, before the tracker) is part of the time logged."""
     slime_log("Timer save_model start", "timer.py:0")
     t0 = time.monotonic()
-    save_all(args, iteration, faults)
+    save_all(args, iteration, faults, saver, force_sync)
     slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.1f}s)", "timer.py:0")
 
 
@@ -406,6 +494,16 @@ def main() -> int:
         log(f"[demo fault] loaded iteration {tracker}, but rollouts restart at 0 (slime#1558)")
         start = 0
     end = args.num_rollout
+    saver: AsyncSaver | None = None
+    if args.async_save and not args.use_persistent_ckpt_worker:
+        # Megatron's validate_args (megatron/training/arguments.py, "if args.use_dist_ckpt and
+        # args.async_save"): a warning on stderr, then every save is synchronous. slime since
+        # 8f732538 (2026-06) sets the worker itself; older slime, as this stand-in, does not.
+        warnings.warn("--async-save is not supported without --use-persistent-ckpt-worker. "
+                      "Disabling --async-save.", UserWarning, stacklevel=1)
+        sys.stderr.flush()
+    elif args.async_save:
+        saver = AsyncSaver(Path(args.save), args.seed, faults)
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
     cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
     rollouts = Rollouts(cfg, args.seed)
@@ -416,6 +514,11 @@ def main() -> int:
             if faults.leak_leases:
                 rollouts.run(rollout_id, leak=True)
                 log("[demo fault] leased ShopSim slots that will never be released")
+            touch = os.environ.get("DEMO_TOUCH_ON_CRASH")
+            if touch and args.custom_config_path:  # an input of emit/check edited before the relaunch
+                with open(args.custom_config_path, "a") as fh:
+                    fh.write("\n# edited before the relaunch (DEMO_TOUCH_ON_CRASH)\n")
+                Path(touch).write_text("touched\n")
             log(f"[demo fault] crashing at rollout {rollout_id}")
             os._exit(1)
         if faults.stall_at == rollout_id and faults.fire("stall_at"):
@@ -432,7 +535,7 @@ def main() -> int:
         # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
         # `save_interval` rollouts, and always at the last one (daemon/round/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):
-            timed_save(args, rollout_id, faults)
+            timed_save(args, rollout_id, faults, saver, force_sync=rollout_id == end - 1)
         if (faults.leak_leases and faults.crash_at is None and rollout_id == end - 1
                 and faults.fire("leak_leases")):
             rollouts.run(rollout_id, leak=True)

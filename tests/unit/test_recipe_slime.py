@@ -58,6 +58,8 @@ def seed_train_argv(r: int, *, save: str, hf: str, load: str, loop: str, wandb_d
         *MODEL_ARGS,
         # checkpoints
         "--hf-checkpoint", HF_ORIGIN, "--load", load, "--save", save, "--save-interval", "10000", "--save-hf", hf,
+        # shoprld's addition (issue 30): Megatron's async save with the worker it needs
+        "--async-save", "--use-persistent-ckpt-worker",
         # data
         "--prompt-data", f"{PROJECT}/data/shopsim_train.jsonl", "--input-key", "prompt", "--metadata-key", "metadata",
         "--apply-chat-template", "--rollout-shuffle",
