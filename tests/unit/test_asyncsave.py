@@ -99,7 +99,7 @@ def test_the_journaled_disabling_is_read_back_into_the_history() -> None:
 
 
 def test_the_recipe_and_the_template_pass_both_flags_by_default() -> None:
-    from shoprld.daemon.foundation.templates import TEMPLATE
+    from shoprld.daemon.ops.initcmd import TEMPLATE
 
     root = Path(__file__).resolve().parents[2]
     recipe = (root / "run" / "slime-4xa800.toml").read_text()
