@@ -48,7 +48,6 @@ crash appends only what is new.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -63,13 +62,14 @@ import anyio
 from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.layout import Layout, short_link
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from shoprld.daemon.services.raychild import LIVE, TERMINAL, RayJobChild, _now
 from shoprld.daemon.services.rayjobs import JobExists, NoAgent, RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import RoundValues
 from shoprld.daemon.foundation.placeholders import expand
+from shoprld.daemon.foundation import raysessions
 from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS
 from shoprld.daemon.foundation.store import atomic_write_json
 
@@ -153,7 +153,7 @@ def ray_tmpdir_path(layout: Layout) -> Path:
     target = layout.ray_tmp
     if len(str(target)) + _RAY_SOCKET_SUFFIX <= _AF_UNIX_MAX:
         return target
-    return Path("/tmp") / f"shoprld-ray-{hashlib.sha1(str(target).encode()).hexdigest()[:10]}"
+    return short_link(target, "ray")
 
 
 def ray_tmpdir(layout: Layout) -> Path:
@@ -419,7 +419,10 @@ class RayLauncher:
             argv = activation_argv(self.cfg.train.conda_prefix, argv)
         env = self.layout.child_env(self.cfg)
         env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
+        # The new head adds a session: keep the previous round's for a post-mortem, no more.
+        raysessions.prune(self.layout.ray_tmp, keep=raysessions.SESSIONS_KEPT - 1)
         log = self.layout.logs / "ray-head.log"
+        link_session_logs(self.layout)
         head = await self.inner.start(ChildRole.RAY_HEAD, argv, env=env, cwd=self.layout.project_root, log=log,
                                       redacted_argv=argv)
         self.head = head
@@ -457,6 +460,7 @@ class RayLauncher:
             await self.head.wait()  # reap it (it was our child)
             self.head = None
         path.unlink(missing_ok=True)
+        raysessions.prune(self.layout.ray_tmp)
         return True
 
     async def aclose(self) -> None:
@@ -465,6 +469,27 @@ class RayLauncher:
             await self.stop_head()
         finally:
             await self.client.aclose()
+
+
+#: Beside the stage logs: the live (or last) Ray session's logs, Ray's own and the driver's.
+SESSION_LOGS_LINK = "ray-session"
+
+
+def link_session_logs(layout: Layout) -> Path:
+    """``<exp>/logs/ray-session`` -> ``../ray/ray/session_latest/logs``: Ray's session logs are
+    written in the experiment's ray dir (Ray keeps them inside the session, beside its sockets),
+    and this relative link shows them with the stage logs. Only a link of ours is replaced."""
+    link = layout.logs / SESSION_LOGS_LINK
+    target = Path("..") / layout.ray_tmp.relative_to(layout.exp_dir) / "ray" / "session_latest" / "logs"
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        return link  # something of the user's: left alone
+    link.symlink_to(target, target_is_directory=True)
+    return link
 
 
 def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
