@@ -231,18 +231,47 @@ def _dashboard_pid(head: Head) -> int:
     raise AssertionError("no dashboard process in the head's session")
 
 
+def _ray_tree(root: Path, head: Head, step_seconds: str, rounds: int = 2) -> Path:
+    """A fast demo tree whose trainer runs as a job on ``head``, ``step_seconds`` a rollout."""
+    campaign = create_tree(root, fast=True, rounds=rounds)
+    text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"',
+                       campaign.read_text(), flags=re.MULTILINE)
+    text, n2 = re.subn(r'^step_seconds = ".*"$', f'step_seconds = "{step_seconds}"', text, flags=re.MULTILINE)
+    assert n1 == 1 and n2 == 1
+    campaign.write_text(text)
+    return campaign
+
+
+def _outcome(root: Path) -> dict[str, object]:
+    """What a campaign of the demo tree at ``root`` produced, the same for any run of it that
+    is right: the round results (val summaries, gate manifests, SkillBanks, curricula), the
+    ledger's verdicts and the checkpoints kept (their iterations and the tracker)."""
+    from shoprld.daemon.foundation.ledger import COLUMNS
+    from tests.demotree import results
+
+    cfg = load_config(root / "campaign.toml")
+    layout = Layout.from_config(cfg)
+    rows = [dict(zip(COLUMNS, line.split("\t"))) for line in layout.ledger.read_text().splitlines()
+            if line and not line.startswith("#")][1:]
+    save = layout.save_dir
+    return {
+        "results": results(root),
+        "ledger": [(r["index"], r["metric_name"], r["metric_value"], r["status"]) for r in rows],
+        "checkpoints": sorted(p.name for p in save.iterdir() if p.name.startswith("iter_")),
+        "tracker": (save / "latest_checkpointed_iteration.txt").read_text(),
+    }
+
+
 def test_a_restart_while_the_dashboard_is_stopped_reattaches_and_never_launches_twice(head: Head, tmp_path: Path) -> None:
     """Issue 27: the daemon is SIGKILLed in TRAIN and restarted while the head's dashboard is
     SIGSTOPped for 20 s: nothing is launched blind, the live job is re-attached once the API
-    answers, the campaign ends DONE with one job per round, and no wrong-resume verdict."""
-    campaign = create_tree(tmp_path, fast=True, rounds=2)
-    text = campaign.read_text()
-    text = re.sub(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
+    answers, the campaign ends DONE with one job per round, one trainer at a time, no
+    wrong-resume verdict, and the same results as an unfaulted run of the same campaign."""
     # 2 s a step: round 0's job (21 steps) outlives the 20 s the dashboard is stopped, so the
     # restarted daemon must re-attach to it (with 1 s it may end during the restart; TRAIN then
     # takes the finished checkpoint and launches nothing: seen once, now guarded).
-    text = re.sub(r'^step_seconds = ".*"$', 'step_seconds = "2.0"', text, flags=re.MULTILINE)
-    campaign.write_text(text)
+    root = tmp_path / "faulted"
+    campaign = _ray_tree(root, head, "2.0")
     cfg = load_config(campaign)
     layout = Layout.from_config(cfg)
     log0 = layout.stage_log(0, "TRAIN")
@@ -274,10 +303,32 @@ def test_a_restart_while_the_dashboard_is_stopped_reattaches_and_never_launches_
     print("\n" + "\n".join(f"{j['submission_id']}: {j['status']} {str(j.get('message'))[:300]}" for j in jobs))
     assert sorted(j["submission_id"] for j in jobs) == [f"{PREFIX}round-000-1", f"{PREFIX}round-001-1"], jobs
     assert {j["status"] for j in jobs} == {"SUCCEEDED"}
+    # One trainer at a time: each job ended (Ray's own clock, ms) before the next one started.
+    spans = sorted((int(j["start_time"]), int(j["end_time"])) for j in jobs)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans
     records = [json.loads(line) for line in (layout.state_dir / "journal.jsonl").read_text().splitlines()]
     assert not [r for r in records if "wrong resume" in json.dumps(r).lower()]
     assert json.loads((layout.state_dir / "status.json").read_text())["state"] == "DONE"
-    print(f"\nreal-ray: daemon SIGKILLed, dashboard SIGSTOPped 20 s during the restart: DONE, jobs {sorted(j['submission_id'] for j in jobs)}")
+    faulted = _outcome(root)
+
+    # The same campaign unfaulted (its own tree, the same head; steps' pace changes no result).
+    ref_root = tmp_path / "reference"
+    ref_out = tmp_path / "reference.out"
+    ref = start_daemon(_ray_tree(ref_root, head, "0.05"), ref_out)
+    try:
+        assert ref.wait(timeout=300) == 0, ref_out.read_text()[-3000:]
+    finally:
+        if ref.poll() is None:
+            ref.kill()
+            ref.wait(timeout=10)
+        for sid in tagged_sessions(ref_root / "state"):
+            stop_session_sync(sid, grace=5)
+    reference = _outcome(ref_root)
+    assert faulted["results"] and faulted["checkpoints"], faulted
+    assert faulted == reference
+    print(f"\nreal-ray: daemon SIGKILLed, dashboard SIGSTOPped 20 s during the restart: DONE, jobs "
+          f"{sorted(j['submission_id'] for j in jobs)} (spans {spans}); results equal to an unfaulted run: "
+          f"{len(faulted['results'])} result files, ledger {faulted['ledger']}, checkpoints {faulted['checkpoints']}")
 
 
 def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by_session(tmp_path: Path) -> None:
@@ -286,6 +337,9 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
     import anyio
     from shoprld.daemon.foundation.config import config_from_dict
+    from shoprld.daemon.foundation import raysessions
+    from shoprld.daemon.foundation.diskbudget import floor_unit
+    from shoprld.daemon.foundation.preflight import budget_for
     from shoprld.daemon.services.ray import RayLauncher, ray_tmpdir_path
     from shoprld.daemon.round.plan import resolve
 
@@ -333,8 +387,19 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
             assert child.driver_log is not None and size > 55, (child.driver_log, size)
             assert grew < 40, f"peak RSS grew {grew:.0f} MiB following a {size:.0f} MiB log"
             print(f"\nreal head of ours: a {size:.1f} MiB job log followed by offset; peak RSS grew {grew:.1f} MiB")
-            assert any(p.name.startswith("session_") for p in (layout.ray_tmp / "ray").iterdir())
+            # Ray's session logs: in the experiment's ray dir on the volume (the /tmp link only
+            # shortens the path), shown beside the stage logs, and counted by the disk forecast.
+            driver = layout.logs / "ray-session" / f"job-driver-{child.record.job_id}.log"
+            assert driver.is_file() and driver.stat().st_size > 55 * 2**20
+            assert layout.exp_dir.resolve() in driver.resolve().parents, driver.resolve()
+            [session] = raysessions.sessions(layout.ray_tmp)
             assert await launcher.stop_head(grace=15.0)
+            size = raysessions.tree_bytes(session)
+            fc = budget_for(cfg, layout).forecast
+            assert fc.ray_logs_bytes == max(0, 2 * max(size, floor_unit(fc.checkpoint_bytes)) - size)
+            print(f"real head's session {session.name}: {size / 2**20:.1f} MiB on the volume "
+                  f"({raysessions.tree_bytes(session / 'logs') / 2**20:.1f} MiB of logs); forecast "
+                  f"reserves {fc.ray_logs_bytes / 2**20:.1f} MiB more")
         await launcher.client.aclose()
 
     try:
@@ -344,7 +409,7 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     finally:
         if sid:
             stop_session_sync(sid, grace=5)
-        link.unlink(missing_ok=True)
+        layout.remove_short_links()
 
 
 def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(head: Head, tmp_path: Path) -> None:
