@@ -109,10 +109,16 @@ class Allowance:
 
 
 def allowance(ray_tmp: Path, checkpoint_bytes: int, kept: int = SESSIONS_KEPT) -> Allowance:
-    """:data:`SESSIONS_KEPT` sessions of one :func:`floor_unit` each (1/64 of a checkpoint:
-    0.83 GiB for the recipe's 53 GiB, some 6x a round's ~60 MiB job log written twice plus
-    Ray's own logs; a few hundred KiB for the tests' MiB checkpoints), or of the largest
-    session measured on the volume when that is more."""
+    """One :func:`floor_unit` (1/64 of a checkpoint) for the ``kept`` sessions, or ``kept`` times
+    the largest session measured on the volume when that is more.
+
+    Why that size: a real head's session with an 82 MiB job log weighed 83.6 MiB (the driver log
+    and Ray's own logs); slime's SGLang engines are Ray actors, so their lines land twice (their
+    worker logs and the driver log): about 2 x 60 MiB + Ray's logs for a round of the recipe.
+    The recipe's 53 GiB checkpoint gives 424 MiB a session, 848 MiB for two, about twice that,
+    and the need still fits the 120 GiB disk (119.1 GiB); the tests' 8 MiB checkpoints give 64
+    KiB a session, so the MiB tmpfs campaigns are not refused for it. A measured session
+    larger than that replaces the guess."""
     present = [tree_bytes(s) for s in sessions(ray_tmp)]
-    per = max([floor_unit(checkpoint_bytes), *present])
+    per = max([floor_unit(checkpoint_bytes) // max(1, kept), *present])
     return Allowance(per_session_bytes=per, kept=kept, present_bytes=sum(present[-kept:]) if present else 0)

@@ -396,7 +396,7 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
             assert await launcher.stop_head(grace=15.0)
             size = raysessions.tree_bytes(session)
             fc = budget_for(cfg, layout).forecast
-            assert fc.ray_logs_bytes == max(0, 2 * max(size, floor_unit(fc.checkpoint_bytes)) - size)
+            assert fc.ray_logs_bytes == max(0, 2 * max(size, floor_unit(fc.checkpoint_bytes) // 2) - size)
             print(f"real head's session {session.name}: {size / 2**20:.1f} MiB on the volume "
                   f"({raysessions.tree_bytes(session / 'logs') / 2**20:.1f} MiB of logs); forecast "
                   f"reserves {fc.ray_logs_bytes / 2**20:.1f} MiB more")
