@@ -422,7 +422,6 @@ class RayLauncher:
         # The new head adds a session: keep the previous round's for a post-mortem, no more.
         raysessions.prune(self.layout.ray_tmp, keep=raysessions.SESSIONS_KEPT - 1)
         log = self.layout.logs / "ray-head.log"
-        link_session_logs(self.layout)
         head = await self.inner.start(ChildRole.RAY_HEAD, argv, env=env, cwd=self.layout.project_root, log=log,
                                       redacted_argv=argv)
         self.head = head
@@ -432,6 +431,7 @@ class RayLauncher:
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
             if await self.client.reachable():
+                link_session_logs(self.layout)
                 return
             if not head.alive():
                 raise RayJobsError(f"the Ray head exited during start-up; see {log}")
@@ -475,19 +475,24 @@ class RayLauncher:
 SESSION_LOGS_LINK = "ray-session"
 
 
-def link_session_logs(layout: Layout) -> Path:
-    """``<exp>/logs/ray-session`` -> ``../ray/ray/session_latest/logs``: Ray's session logs are
+def link_session_logs(layout: Layout) -> Path | None:
+    """``<exp>/logs/ray-session`` -> ``../ray/ray/<the live session>/logs``: Ray's session logs are
     written in the experiment's ray dir (Ray keeps them inside the session, beside its sockets),
-    and this relative link shows them with the stage logs. Only a link of ours is replaced."""
+    and this relative link shows them with the stage logs. It names the session itself, not
+    ``session_latest`` (an absolute link through the short /tmp link, which goes at the
+    campaign's end). Only a link of ours is replaced; None when no session is there yet."""
+    live = raysessions.live_session(layout.ray_tmp)
+    if live is None:
+        return None
     link = layout.logs / SESSION_LOGS_LINK
-    target = Path("..") / layout.ray_tmp.relative_to(layout.exp_dir) / "ray" / "session_latest" / "logs"
+    target = Path("..") / live.relative_to(layout.exp_dir) / "logs"
     layout.logs.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() and Path(os.readlink(link)) == target:
         return link
     if link.is_symlink():
         link.unlink()
     elif link.exists():
-        return link  # something of the user's: left alone
+        return None  # something of the user's: left alone
     link.symlink_to(target, target_is_directory=True)
     return link
 

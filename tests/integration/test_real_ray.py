@@ -460,3 +460,88 @@ def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(h
         print(f"\ntwo-node cluster: the job ran on the worker node ({text.strip().splitlines()[-1]})")
     finally:
         stop_session_sync(worker.pid)
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    """The process's peak RSS so far (``VmHWM``, KiB); None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def test_a_two_round_campaign_on_heads_of_its_own_with_60_mib_of_engine_lines_a_round(tmp_path: Path) -> None:
+    """Issue 27's Show: a 2-round campaign whose TRAIN starts a real head of its own
+    (train.ray_start_head) and whose trainer prints about 60 MiB of SGLang-like request lines a
+    round. The daemon's peak RSS stays under 80 MiB while the job logs reach the stage logs (by
+    offset from the driver log); each head goes when its job is done, so each round leaves one
+    Ray session, on the experiment's volume, two kept; the short /tmp links are gone at DONE."""
+    from shoprld.daemon.foundation import raysessions
+    from shoprld.daemon.foundation.layout import short_link
+
+    if not RAY_BIN.exists():
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    dash = free_port()
+    head_cmd = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--port={free_port()}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                "--num-cpus=2", "--disable-usage-stats"]
+    campaign = create_tree(tmp_path, fast=True, rounds=2)
+    text, n1 = re.subn(r'^launcher = "local"$',
+                       f'launcher = "ray"\nray_address = "http://127.0.0.1:{dash}"\nray_start_head = true\n'
+                       f'ray_head_command = {json.dumps(head_cmd)}', campaign.read_text(), flags=re.MULTILINE)
+    text, n2 = re.subn(r'DEMO_CKPT_BYTES = "1048576" \}', 'DEMO_CKPT_BYTES = "1048576", DEMO_LOG_MIB = "60" }', text)
+    assert n1 == 1 and n2 == 1
+    campaign.write_text(text)
+    cfg = load_config(campaign)
+    layout = Layout.from_config(cfg)
+    out = tmp_path / "daemon.out"
+    env_ray = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    started = time.monotonic()
+    with open(out, "ab") as fh:
+        daemon = subprocess.Popen([sys.executable, str(RUNNER), str(campaign)], stdout=fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True, env=env_ray)
+    peak = 0
+    try:
+        deadline = time.monotonic() + 420
+        while daemon.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, _vm_hwm_kib(daemon.pid) or 0)
+            time.sleep(0.1)
+        rc = daemon.wait(timeout=5)
+        elapsed = time.monotonic() - started
+        assert rc == 0, out.read_text()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=10)
+        for sid in tagged_sessions(layout.state_dir):
+            stop_session_sync(sid, grace=5)
+        try:  # a head left by a failure: its recorded session, ours
+            rec = json.loads((layout.ray_tmp / "shoprld-head.json").read_text())
+            if int(rec.get("sid", 0)) > 1:
+                stop_session_sync(int(rec["sid"]), grace=5)
+        except (OSError, ValueError):
+            pass
+        links = layout.remove_short_links()
+    assert json.loads((layout.state_dir / "status.json").read_text())["state"] == "DONE"
+    sizes = [layout.stage_log(r, "TRAIN").stat().st_size / 2**20 for r in range(2)]
+    print(f"\ndaemon peak RSS {peak / 1024:.1f} MiB, stage logs {sizes} MiB")
+    assert all(s > 55 for s in sizes), sizes
+    assert peak / 1024 <= 80, f"daemon peak RSS {peak / 1024:.1f} MiB with {sizes} MiB job logs"
+    jobs = [json.loads((layout.artifacts / "round" / f"round-00{r}.json").read_text())["job_id"] for r in range(2)]
+    assert jobs == [f"{PREFIX}round-000-1", f"{PREFIX}round-001-1"], jobs
+    # One head per TRAIN, stopped after its job: a session per round, both kept, none running.
+    kept = raysessions.sessions(layout.ray_tmp)
+    assert len(kept) == 2 and not (layout.ray_tmp / "shoprld-head.json").exists()
+    assert all(session_pids(int(s.name.rsplit("_", 1)[1])) == [] for s in kept)
+    driver = layout.logs / "ray-session" / f"job-driver-{jobs[1]}.log"
+    assert driver.stat().st_size > 55 * 2**20 and layout.exp_dir.resolve() in driver.resolve().parents
+    session_mib = [raysessions.tree_bytes(s) / 2**20 for s in kept]
+    # The campaign removed its short links when it ended (before the teardown above).
+    assert links == [] and not short_link(layout.tmp, "tmp").is_symlink()
+    assert not short_link(layout.ray_tmp, "ray").is_symlink()
+    print(f"\nreal heads of ours, 2 rounds in {elapsed:.0f}s: job logs {sizes[0]:.1f} + {sizes[1]:.1f} MiB, daemon "
+          f"peak RSS {peak / 1024:.1f} MiB, Ray sessions kept {[f'{m:.1f} MiB' for m in session_mib]}")

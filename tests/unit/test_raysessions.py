@@ -89,7 +89,7 @@ def _session_making_head(tmp_path: Path, port: int) -> list[str]:
     """The stand-in head, after making a session dir under $RAY_TMPDIR/ray as Ray does."""
     script = ('set -e; root="$RAY_TMPDIR/ray"; s="session_$(date -u +%Y-%m-%d_%H-%M-%S_%6N)_$$"; '
               'mkdir -p "$root/$s/logs"; echo head > "$root/$s/logs/raylet.out"; '
-              'ln -sfn "$s" "$root/session_latest"; exec "$0" "$@"')
+              'ln -sfn "$root/$s" "$root/session_latest"; exec "$0" "$@"')  # absolute, as Ray's
     return ["/bin/sh", "-c", script, PY, str(STANDIN), "--port", str(port), "--logs-dir", str(tmp_path / "hl")]
 
 
@@ -123,6 +123,10 @@ async def test_each_head_of_ours_leaves_at_most_two_sessions_and_its_logs_sit_wi
                 assert [s.name for s in raysessions.sessions(layout.ray_tmp)][-1] == live.name
         assert not any(s.exists() for s in stale)
         assert len(raysessions.sessions(layout.ray_tmp)) == 2
+        # session_latest is absolute through the short /tmp link; logs/ray-session survives it.
+        assert layout.remove_short_links()
+        assert not (raysessions.sessions_root(layout.ray_tmp) / "session_latest").exists()  # it dangles now
+        assert (layout.logs / SESSION_LOGS_LINK / "raylet.out").read_text() == "head\n"
     finally:
         for sid in sids:
             for pid in session_pids(sid):
