@@ -44,6 +44,11 @@ cluster elsewhere) the job's whole log is fetched per poll (the REST API has no 
 tail is a websocket), so the log poll backs off with the log's size. The number of characters already
 copied is kept beside the stage log (``.<log>.<job>.offset``), so a re-attach after a daemon
 crash appends only what is new.
+
+Ray's sessions: a head of ours writes ``<exp>/ray/ray/session_*`` (every component's log and
+the driver logs) on the experiment's volume; the start and the stop of each head prune them to
+:data:`~shoprld.daemon.foundation.raysessions.SESSIONS_KEPT`, ``<exp>/logs/ray-session`` links
+the live one's logs, and the disk forecast reserves room for them (foundation/raysessions.py).
 """
 
 from __future__ import annotations
