@@ -30,6 +30,7 @@ import anyio
 
 from shoprld.daemon.foundation import bundles
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import logchunks
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
 from shoprld.daemon.round import asyncsave, relaunch, resume, saves
@@ -438,23 +439,23 @@ def _warn_if_async_save_disabled(ctx: RoundContext) -> None:
 def _offset_of_last_start(log: Path) -> int:
     """Progress counts only from this launch's header line on."""
     try:
-        data = log.read_bytes()
+        return logchunks.last_offset(log, b"=== shoprld ") or 0
     except FileNotFoundError:
         return 0
-    i = data.rfind(b"=== shoprld ")
-    return max(0, i)
 
 
 def _read_progress(log: Path, offset: int, pattern: re.Pattern[str]) -> tuple[int, list[int]]:
+    """The rollout ids in the whole lines from ``offset`` on, read a MiB at a time (a re-attach
+    may find tens of MiB unread), and the offset past the last whole line."""
+    ids: list[int] = []
+    end = offset
     try:
-        with open(log, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read()
+        for pos, chunk in logchunks.line_chunks(log, offset):
+            ids += [int(m.group(1)) for m in pattern.finditer(chunk.decode(errors="replace"))]
+            end = pos + len(chunk)
     except FileNotFoundError:
         return offset, []
-    end = chunk.rfind(b"\n") + 1  # only whole lines
-    ids = [int(m.group(1)) for m in pattern.finditer(chunk[:end].decode(errors="replace"))]
-    return offset + end, ids
+    return end, ids
 
 
 def _tail(log: Path, n: int = 16384) -> str:
@@ -471,13 +472,11 @@ def _tail(log: Path, n: int = 16384) -> str:
 def _output_of_last(log: Path, role: str) -> str:
     """What the last launch of ``role`` wrote to the stage log: everything after its
     ``=== shoprld <time> start <role>:`` header (earlier attempts' output is not its verdict)."""
-    try:
-        data = log.read_bytes()
+    header = re.compile(rb"^=== shoprld \S+ start " + re.escape(role.encode()) + rb":.*$", re.M)
+    try:  # scanned a MiB at a time: the trainer's tens of MiB come before the check's header
+        return logchunks.read_from(log, logchunks.after_last_match(log, header) or 0).decode(errors="replace")
     except FileNotFoundError:
         return ""
-    headers = list(re.finditer(rb"^=== shoprld \S+ start " + re.escape(role.encode()) + rb":.*$", data, re.M))
-    header = headers[-1] if headers else None
-    return data[header.end() + 1 if header else 0:].decode(errors="replace")
 
 
 CHECK = "train.check_command (shopsimrl training check)"

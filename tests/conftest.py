@@ -37,3 +37,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if suite in _CAMPAIGN_SUITES and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)
+
+
+# -- the short /tmp links a session's campaigns leave ---------------------------------------------
+# A campaign with a long experiment path gets /tmp/shoprld-{tmp,ray}-<hash> links to its tmp and
+# ray dirs (AF_UNIX paths: foundation/layout.py). A campaign that ends DONE or is cleaned removes
+# its own; one a test kills, refuses or only lays out keeps them, and they dangle once pytest
+# prunes its old temp dirs. At the session's end remove those that point into this session's
+# temp dir: never another session's (each has its own basetemp), never anything else.
+def remove_links_into(base: Path, tmp: Path = Path("/tmp")) -> list[Path]:
+    """Remove the ``shoprld-{tmp,ray}-*`` symlinks in ``tmp`` whose target is under ``base``."""
+    removed: list[Path] = []
+    bases = {base, base.resolve()}
+    for link in [*tmp.glob("shoprld-tmp-*"), *tmp.glob("shoprld-ray-*")]:
+        try:
+            if link.is_symlink() and bases & set(Path(os.readlink(link)).parents):
+                link.unlink()
+                removed.append(link)
+        except OSError:
+            continue
+    return removed
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    base = getattr(factory, "_basetemp", None)  # None: no test of this session asked for tmp_path
+    if base is not None:
+        remove_links_into(Path(base))

@@ -195,6 +195,8 @@ class Engine:
             if aclose is not None:  # e.g. a Ray head this daemon started
                 with anyio.CancelScope(shield=True):
                     await aclose()
+            if code == EXIT_OK:  # the campaign ended, its children with it: no socket path is in use
+                self.layout.remove_short_links()
             return code
         finally:
             try:

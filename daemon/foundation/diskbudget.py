@@ -34,6 +34,9 @@ class Forecast:
     margin_bytes: int
     measured: bool  # True: the last checkpoint's measured size; False: the configured estimate
     present_bytes: int = 0
+    # Ray's session logs still to come (a head of ours writes them on this volume): the kept
+    # sessions' allowance less what of it is there (foundation/raysessions.py); 0 otherwise.
+    ray_logs_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -43,8 +46,9 @@ class Forecast:
     @property
     def total(self) -> int:
         """Free bytes the peak still needs: what of it is not on the volume yet (at least one
-        checkpoint: the next save is always new), plus the margin."""
-        return max(self.checkpoint_bytes, self.peak_bytes - self.present_bytes) + self.margin_bytes
+        checkpoint: the next save is always new), plus the margin and Ray's session logs."""
+        new = max(self.checkpoint_bytes, self.peak_bytes - self.present_bytes)
+        return new + self.margin_bytes + self.ray_logs_bytes
 
 
 def forecast(

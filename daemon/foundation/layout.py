@@ -26,11 +26,13 @@ from shoprld.daemon.foundation.paths import default_state_dir
 SHORT_PATH_MAX = 48
 
 
+def short_link(path: Path, kind: str) -> Path:
+    """The short /tmp link's name for ``path`` (``shoprld-<kind>-<hash of the path>``)."""
+    return Path("/tmp") / f"shoprld-{kind}-{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+
+
 def _short(path: Path, kind: str) -> Path:
-    if len(str(path)) <= SHORT_PATH_MAX:
-        return path
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    return Path("/tmp") / f"shoprld-{kind}-{digest}"
+    return path if len(str(path)) <= SHORT_PATH_MAX else short_link(path, kind)
 
 
 EXP_SUBDIRS = ("logs", "checkpoints", "artifacts", "ray", "tmp", "wandb", "runs")
@@ -161,6 +163,21 @@ class Layout:
     @property
     def child_ray_tmp(self) -> Path:
         return _short(self.ray_tmp, "ray")
+
+    def remove_short_links(self) -> list[Path]:
+        """Remove this experiment's short /tmp links (tmp and ray; services/ray.py names its
+        RAY_TMPDIR link the same way): each only when it is a symlink to exactly our dir, so a
+        link of another campaign (or anything else) is never touched. For the campaign's end and
+        ``clean``: a child still running under one would lose its sockets' path."""
+        removed: list[Path] = []
+        for link, target in ((short_link(self.tmp, "tmp"), self.tmp), (short_link(self.ray_tmp, "ray"), self.ray_tmp)):
+            try:
+                if link.is_symlink() and Path(os.readlink(link)) == target:
+                    link.unlink()
+                    removed.append(link)
+            except OSError:
+                continue
+        return removed
 
     @property
     def wandb_dir(self) -> Path:

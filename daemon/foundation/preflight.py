@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import disk, diskbudget, diskcheck
+from shoprld.daemon.foundation import disk, diskbudget, diskcheck, raysessions
 from shoprld.daemon.foundation.units import human_bytes
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.layout import Layout
@@ -52,10 +52,19 @@ def budget_for(cfg: Config, layout: Layout, *, sample: disk.DiskSample | None = 
     fc = forecast_for(cfg, last, present_bytes=kept + min(hf_present, cfg.disk.hf_estimate))
     fc = diskbudget.Forecast(checkpoint_bytes=fc.checkpoint_bytes,
                              keep=min(fc.keep, cfg.campaign.rounds), hf_bytes=fc.hf_bytes,
-                             margin_bytes=fc.margin_bytes, measured=fc.measured, present_bytes=fc.present_bytes)
+                             margin_bytes=fc.margin_bytes, measured=fc.measured, present_bytes=fc.present_bytes,
+                             ray_logs_bytes=ray_logs_allowance(cfg, layout, fc.checkpoint_bytes).need_bytes)
     lim = limits_for(cfg, s.total_bytes, fc.checkpoint_bytes)
     return diskbudget.Budget(forecast=fc, limits=lim, free_bytes=s.free_bytes, total_bytes=s.total_bytes,
                              hf_present_bytes=min(hf_present, cfg.disk.hf_estimate))
+
+
+def ray_logs_allowance(cfg: Config, layout: Layout, checkpoint_bytes: int) -> raysessions.Allowance:
+    """What the forecast reserves for Ray's session logs: a head this campaign starts writes them
+    under the experiment (``<exp>/ray/ray/session_*``); a cluster elsewhere writes nothing here."""
+    if cfg.train.launcher != "ray" or not cfg.train.ray_start_head:
+        return raysessions.Allowance(per_session_bytes=0, kept=0, present_bytes=0)
+    return raysessions.allowance(layout.ray_tmp, checkpoint_bytes)
 
 
 def need_line(cfg: Config, b: diskbudget.Budget) -> str:
@@ -66,7 +75,9 @@ def need_line(cfg: Config, b: diskbudget.Budget) -> str:
     return (f"disk: needs >= {human_bytes(b.need_bytes)} free for {cfg.campaign.rounds} rounds unattended, "
             f"have {human_bytes(b.free_bytes)}: {verdict} (peak {fc.keep} x {human_bytes(fc.checkpoint_bytes)} "
             f"checkpoints + {human_bytes(fc.hf_bytes)} HF, {human_bytes(fc.present_bytes)} of it on the volume, "
-            f"+ {human_bytes(fc.margin_bytes)} margin + soft limit {human_bytes(b.limits.soft_bytes)}; "
+            f"+ {human_bytes(fc.margin_bytes)} margin"
+            + (f" + {human_bytes(fc.ray_logs_bytes)} Ray session logs" if fc.ray_logs_bytes else "")
+            + f" + soft limit {human_bytes(b.limits.soft_bytes)}; "
             f"hard limit {human_bytes(b.limits.hard_bytes)})")
 
 

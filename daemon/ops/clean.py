@@ -277,6 +277,8 @@ def clean(config_path: Path, dry_run: bool = False, keep_final: bool = False, *,
         _print_cleanup(todo, cfg, layout, out, dry_run=False)
         rec, files = write_record(camp, before_clean=True)
         freed, errors = execute(todo, layout.campaign_root)
+        for link in layout.remove_short_links():  # no daemon runs (refused above): no child uses them
+            out.write(f"removed the short link {link}\n")
         _write_cleanup(rec, todo, freed, errors, keep_final, camp.secrets)
         out.write(f"reproducibility record: {rec}/ ({len(files) + ('cleanup.json' not in files)} files)\n")
         store.append({"event": "campaign.cleaned", "freed_bytes": freed, "keep_final": keep_final,

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation import logchunks
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.configsections import SavesSection
 from shoprld.daemon.foundation.layout import Layout
@@ -341,14 +342,13 @@ def harvest(layout: Layout, round_index: int) -> list[dict[str, Any]]:
         rec = read_json(record_path(layout, round_index - 1))
     if rec is None or not isinstance(rec.get("log"), str) or not isinstance(rec.get("log_offset"), int):
         return []
-    try:
-        with open(rec["log"], "rb") as fh:
-            fh.seek(rec["log_offset"])
-            data = fh.read()
+    timings: list[tuple[int, float]] = []
+    try:  # a MiB at a time: the launch's output is tens of MiB of engine lines
+        for pos, chunk in logchunks.line_chunks(Path(rec["log"]), rec["log_offset"]):
+            timings += save_timings(chunk, base_offset=pos)
     except OSError:
         return []
-    return [{"seconds": s, "log": rec["log"], "at": at}
-            for at, s in save_timings(data, base_offset=rec["log_offset"])]
+    return [{"seconds": s, "log": rec["log"], "at": at} for at, s in timings]
 
 
 def choose_for_launch(cfg: Config, layout: Layout, round_index: int, *, log: Path, now: float,

@@ -44,11 +44,15 @@ cluster elsewhere) the job's whole log is fetched per poll (the REST API has no 
 tail is a websocket), so the log poll backs off with the log's size. The number of characters already
 copied is kept beside the stage log (``.<log>.<job>.offset``), so a re-attach after a daemon
 crash appends only what is new.
+
+Ray's sessions: a head of ours writes ``<exp>/ray/ray/session_*`` (every component's log and
+the driver logs) on the experiment's volume; the start and the stop of each head prune them to
+:data:`~shoprld.daemon.foundation.raysessions.SESSIONS_KEPT`, ``<exp>/logs/ray-session`` links
+the live one's logs, and the disk forecast reserves room for them (foundation/raysessions.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -64,13 +68,14 @@ from shoprld.daemon.foundation.proctable import session_pids
 from shoprld.daemon.foundation.condaenv import activation_argv
 from shoprld.daemon.foundation.config import Config
 from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.layout import Layout, short_link
 from shoprld.daemon.foundation.roles import ChildRole
 from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from shoprld.daemon.services.raychild import LIVE, TERMINAL, RayJobChild, _now
 from shoprld.daemon.services.rayjobs import JobExists, NoAgent, RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import RoundValues
 from shoprld.daemon.foundation.placeholders import expand
+from shoprld.daemon.foundation import raysessions
 from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS
 from shoprld.daemon.foundation.store import atomic_write_json
 
@@ -154,7 +159,7 @@ def ray_tmpdir_path(layout: Layout) -> Path:
     target = layout.ray_tmp
     if len(str(target)) + _RAY_SOCKET_SUFFIX <= _AF_UNIX_MAX:
         return target
-    return Path("/tmp") / f"shoprld-ray-{hashlib.sha1(str(target).encode()).hexdigest()[:10]}"
+    return short_link(target, "ray")
 
 
 def ray_tmpdir(layout: Layout) -> Path:
@@ -406,6 +411,8 @@ class RayLauncher:
             argv = activation_argv(self.cfg.train.conda_prefix, argv)
         env = self.layout.child_env(self.cfg)
         env["RAY_TMPDIR"] = str(ray_tmpdir(self.layout))
+        # The new head adds a session: keep the previous round's for a post-mortem, no more.
+        raysessions.prune(self.layout.ray_tmp, keep=raysessions.SESSIONS_KEPT - 1)
         log = self.layout.logs / "ray-head.log"
         head = await self.inner.start(ChildRole.RAY_HEAD, argv, env=env, cwd=self.layout.project_root, log=log,
                                       redacted_argv=argv)
@@ -416,6 +423,7 @@ class RayLauncher:
         deadline = time.monotonic() + self.head_timeout
         while time.monotonic() < deadline:
             if await self.client.reachable():
+                link_session_logs(self.layout)
                 return
             if not head.alive():
                 raise RayJobsError(f"the Ray head exited during start-up; see {log}")
@@ -444,6 +452,7 @@ class RayLauncher:
             await self.head.wait()  # reap it (it was our child)
             self.head = None
         path.unlink(missing_ok=True)
+        raysessions.prune(self.layout.ray_tmp)
         return True
 
     async def aclose(self) -> None:
@@ -452,6 +461,32 @@ class RayLauncher:
             await self.stop_head()
         finally:
             await self.client.aclose()
+
+
+#: Beside the stage logs: the live (or last) Ray session's logs, Ray's own and the driver's.
+SESSION_LOGS_LINK = "ray-session"
+
+
+def link_session_logs(layout: Layout) -> Path | None:
+    """``<exp>/logs/ray-session`` -> ``../ray/ray/<the live session>/logs``: Ray's session logs are
+    written in the experiment's ray dir (Ray keeps them inside the session, beside its sockets),
+    and this relative link shows them with the stage logs. It names the session itself, not
+    ``session_latest`` (an absolute link through the short /tmp link, which goes at the
+    campaign's end). Only a link of ours is replaced; None when no session is there yet."""
+    live = raysessions.live_session(layout.ray_tmp)
+    if live is None:
+        return None
+    link = layout.logs / SESSION_LOGS_LINK
+    target = Path("..") / live.relative_to(layout.exp_dir) / "logs"
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return link
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        return None  # something of the user's: left alone
+    link.symlink_to(target, target_is_directory=True)
+    return link
 
 
 def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:

@@ -30,7 +30,7 @@ Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_
 DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
 DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_SAVE_BLOCK_SECONDS,
 DEMO_TOUCH_ON_CRASH, DEMO_STEP_SECONDS,
-DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
+DEMO_TRIAGE_FRACTION, DEMO_LOG_MIB); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
 
 from __future__ import annotations
@@ -59,6 +59,19 @@ def log(msg: str) -> None:
 def slime_log(msg: str, where: str = "train.py:0") -> None:
     """slime's logging format (`slime/observability/logging_utils.py`): `[time] file:line - msg`."""
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {where} - {msg}", flush=True)
+
+
+SGLANG_LINE = ("[{t} DP0 TP0] INFO:     127.0.0.1:51234 - \"POST /generate HTTP/1.1\" 200 OK #running-req: 61, "
+               "#token: 412345, token usage: 0.43, gen throughput (token/s): 5123.4 " + "x" * 80 + "\n")
+
+
+def engine_chatter(nbytes: int) -> None:
+    """About ``nbytes`` of SGLang-like request lines on stdout (what four engines print)."""
+    line = SGLANG_LINE.format(t=time.strftime("%Y-%m-%d %H:%M:%S"))
+    n = max(1, nbytes // len(line))
+    for _ in range(0, n, 1000):
+        sys.stdout.write(line * min(1000, n - _))
+    sys.stdout.flush()
 
 
 def read_tracker(load_dir: str) -> tuple[int, Path] | None:
@@ -508,6 +521,8 @@ def main() -> int:
     cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
     rollouts = Rollouts(cfg, args.seed)
     step_s = c.env_float("DEMO_STEP_SECONDS", 0.05)
+    # A real round's job log is tens of MiB of SGLang request lines (issue 27): spread evenly.
+    chatter = int((c.env_float("DEMO_LOG_MIB", 0.0) or 0.0) * 2**20) // max(1, end - start)
     for rollout_id in range(start, end):
         t0 = time.monotonic()
         if faults.crash_at == rollout_id and faults.fire("crash_at"):
@@ -525,6 +540,8 @@ def main() -> int:
             stall_forever(f"stall at rollout {rollout_id}")
         results = rollouts.run(rollout_id, leak=False)
         time.sleep(step_s)
+        if chatter:
+            engine_chatter(chatter)
         rollouts.record(rollout_id, results)
         rewards = [r["reward"] for r in results if "reward" in r]
         mean = sum(rewards) / len(rewards) if rewards else 0.0

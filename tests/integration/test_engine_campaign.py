@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.layout import Layout, short_link
 from shoprld.daemon.round.machine import ROUND_STATES
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, results, run_daemon, status
 
@@ -41,6 +43,17 @@ def test_golden_path_results_are_complete(reference: Path) -> None:
         assert f"runs/round-{rnd:03d}-online-gate/online_gate_manifest.json" in got
         assert (f"runs/round-{rnd + 1:03d}/curriculum.json" in got) == (rnd < ROUNDS - 1)
 
+
+
+@pytest.mark.smoke
+def test_a_done_campaign_removes_its_short_tmp_links(reference: Path) -> None:
+    """The experiment's path is long, so its children got /tmp/shoprld-{tmp,ray}-<hash> links
+    to its tmp and ray dirs; the campaign removes them when it ends (issue 27: they leaked)."""
+    cfg = load_config(reference / "campaign.toml")
+    layout = Layout.from_config(cfg)
+    assert status(reference)["state"] == "DONE" and layout.child_tmp != layout.tmp  # links were needed
+    assert layout.tmp.is_dir() and layout.ray_tmp.is_dir()
+    assert not short_link(layout.tmp, "tmp").is_symlink() and not short_link(layout.ray_tmp, "ray").is_symlink()
 
 KILL_POINTS = [f"{s.value}:{p}:{i % ROUNDS}" for i, (s, p) in enumerate(
     (s, p) for s in ROUND_STATES for p in ("enter", "mid", "done"))

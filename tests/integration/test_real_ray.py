@@ -231,18 +231,47 @@ def _dashboard_pid(head: Head) -> int:
     raise AssertionError("no dashboard process in the head's session")
 
 
+def _ray_tree(root: Path, head: Head, step_seconds: str, rounds: int = 2) -> Path:
+    """A fast demo tree whose trainer runs as a job on ``head``, ``step_seconds`` a rollout."""
+    campaign = create_tree(root, fast=True, rounds=rounds)
+    text, n1 = re.subn(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"',
+                       campaign.read_text(), flags=re.MULTILINE)
+    text, n2 = re.subn(r'^step_seconds = ".*"$', f'step_seconds = "{step_seconds}"', text, flags=re.MULTILINE)
+    assert n1 == 1 and n2 == 1
+    campaign.write_text(text)
+    return campaign
+
+
+def _outcome(root: Path) -> dict[str, object]:
+    """What a campaign of the demo tree at ``root`` produced, the same for any run of it that
+    is right: the round results (val summaries, gate manifests, SkillBanks, curricula), the
+    ledger's verdicts and the checkpoints kept (their iterations and the tracker)."""
+    from shoprld.daemon.foundation.ledger import COLUMNS
+    from tests.demotree import results
+
+    cfg = load_config(root / "campaign.toml")
+    layout = Layout.from_config(cfg)
+    rows = [dict(zip(COLUMNS, line.split("\t"))) for line in layout.ledger.read_text().splitlines()
+            if line and not line.startswith("#")][1:]
+    save = layout.save_dir
+    return {
+        "results": results(root),
+        "ledger": [(r["index"], r["metric_name"], r["metric_value"], r["status"]) for r in rows],
+        "checkpoints": sorted(p.name for p in save.iterdir() if p.name.startswith("iter_")),
+        "tracker": (save / "latest_checkpointed_iteration.txt").read_text(),
+    }
+
+
 def test_a_restart_while_the_dashboard_is_stopped_reattaches_and_never_launches_twice(head: Head, tmp_path: Path) -> None:
     """Issue 27: the daemon is SIGKILLed in TRAIN and restarted while the head's dashboard is
     SIGSTOPped for 20 s: nothing is launched blind, the live job is re-attached once the API
-    answers, the campaign ends DONE with one job per round, and no wrong-resume verdict."""
-    campaign = create_tree(tmp_path, fast=True, rounds=2)
-    text = campaign.read_text()
-    text = re.sub(r'^launcher = "local"$', f'launcher = "ray"\nray_address = "{head.address}"', text, flags=re.MULTILINE)
+    answers, the campaign ends DONE with one job per round, one trainer at a time, no
+    wrong-resume verdict, and the same results as an unfaulted run of the same campaign."""
     # 2 s a step: round 0's job (21 steps) outlives the 20 s the dashboard is stopped, so the
     # restarted daemon must re-attach to it (with 1 s it may end during the restart; TRAIN then
     # takes the finished checkpoint and launches nothing: seen once, now guarded).
-    text = re.sub(r'^step_seconds = ".*"$', 'step_seconds = "2.0"', text, flags=re.MULTILINE)
-    campaign.write_text(text)
+    root = tmp_path / "faulted"
+    campaign = _ray_tree(root, head, "2.0")
     cfg = load_config(campaign)
     layout = Layout.from_config(cfg)
     log0 = layout.stage_log(0, "TRAIN")
@@ -274,10 +303,32 @@ def test_a_restart_while_the_dashboard_is_stopped_reattaches_and_never_launches_
     print("\n" + "\n".join(f"{j['submission_id']}: {j['status']} {str(j.get('message'))[:300]}" for j in jobs))
     assert sorted(j["submission_id"] for j in jobs) == [f"{PREFIX}round-000-1", f"{PREFIX}round-001-1"], jobs
     assert {j["status"] for j in jobs} == {"SUCCEEDED"}
+    # One trainer at a time: each job ended (Ray's own clock, ms) before the next one started.
+    spans = sorted((int(j["start_time"]), int(j["end_time"])) for j in jobs)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans
     records = [json.loads(line) for line in (layout.state_dir / "journal.jsonl").read_text().splitlines()]
     assert not [r for r in records if "wrong resume" in json.dumps(r).lower()]
     assert json.loads((layout.state_dir / "status.json").read_text())["state"] == "DONE"
-    print(f"\nreal-ray: daemon SIGKILLed, dashboard SIGSTOPped 20 s during the restart: DONE, jobs {sorted(j['submission_id'] for j in jobs)}")
+    faulted = _outcome(root)
+
+    # The same campaign unfaulted (its own tree, the same head; steps' pace changes no result).
+    ref_root = tmp_path / "reference"
+    ref_out = tmp_path / "reference.out"
+    ref = start_daemon(_ray_tree(ref_root, head, "0.05"), ref_out)
+    try:
+        assert ref.wait(timeout=300) == 0, ref_out.read_text()[-3000:]
+    finally:
+        if ref.poll() is None:
+            ref.kill()
+            ref.wait(timeout=10)
+        for sid in tagged_sessions(ref_root / "state"):
+            stop_session_sync(sid, grace=5)
+    reference = _outcome(ref_root)
+    assert faulted["results"] and faulted["checkpoints"], faulted
+    assert faulted == reference
+    print(f"\nreal-ray: daemon SIGKILLed, dashboard SIGSTOPped 20 s during the restart: DONE, jobs "
+          f"{sorted(j['submission_id'] for j in jobs)} (spans {spans}); results equal to an unfaulted run: "
+          f"{len(faulted['results'])} result files, ledger {faulted['ledger']}, checkpoints {faulted['checkpoints']}")
 
 
 def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by_session(tmp_path: Path) -> None:
@@ -286,6 +337,9 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
     import anyio
     from shoprld.daemon.foundation.config import config_from_dict
+    from shoprld.daemon.foundation import raysessions
+    from shoprld.daemon.foundation.diskbudget import floor_unit
+    from shoprld.daemon.foundation.preflight import budget_for
     from shoprld.daemon.services.ray import RayLauncher, ray_tmpdir_path
     from shoprld.daemon.round.plan import resolve
 
@@ -333,8 +387,19 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
             assert child.driver_log is not None and size > 55, (child.driver_log, size)
             assert grew < 40, f"peak RSS grew {grew:.0f} MiB following a {size:.0f} MiB log"
             print(f"\nreal head of ours: a {size:.1f} MiB job log followed by offset; peak RSS grew {grew:.1f} MiB")
-            assert any(p.name.startswith("session_") for p in (layout.ray_tmp / "ray").iterdir())
+            # Ray's session logs: in the experiment's ray dir on the volume (the /tmp link only
+            # shortens the path), shown beside the stage logs, and counted by the disk forecast.
+            driver = layout.logs / "ray-session" / f"job-driver-{child.record.job_id}.log"
+            assert driver.is_file() and driver.stat().st_size > 55 * 2**20
+            assert layout.exp_dir.resolve() in driver.resolve().parents, driver.resolve()
+            [session] = raysessions.sessions(layout.ray_tmp)
             assert await launcher.stop_head(grace=15.0)
+            size = raysessions.tree_bytes(session)
+            fc = budget_for(cfg, layout).forecast
+            assert fc.ray_logs_bytes == max(0, 2 * max(size, floor_unit(fc.checkpoint_bytes) // 2) - size)
+            print(f"real head's session {session.name}: {size / 2**20:.1f} MiB on the volume "
+                  f"({raysessions.tree_bytes(session / 'logs') / 2**20:.1f} MiB of logs); forecast "
+                  f"reserves {fc.ray_logs_bytes / 2**20:.1f} MiB more")
         await launcher.client.aclose()
 
     try:
@@ -344,7 +409,7 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     finally:
         if sid:
             stop_session_sync(sid, grace=5)
-        link.unlink(missing_ok=True)
+        layout.remove_short_links()
 
 
 def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(head: Head, tmp_path: Path) -> None:
@@ -395,3 +460,88 @@ def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(h
         print(f"\ntwo-node cluster: the job ran on the worker node ({text.strip().splitlines()[-1]})")
     finally:
         stop_session_sync(worker.pid)
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    """The process's peak RSS so far (``VmHWM``, KiB); None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def test_a_two_round_campaign_on_heads_of_its_own_with_60_mib_of_engine_lines_a_round(tmp_path: Path) -> None:
+    """Issue 27's Show: a 2-round campaign whose TRAIN starts a real head of its own
+    (train.ray_start_head) and whose trainer prints about 60 MiB of SGLang-like request lines a
+    round. The daemon's peak RSS stays under 80 MiB while the job logs reach the stage logs (by
+    offset from the driver log); each head goes when its job is done, so each round leaves one
+    Ray session, on the experiment's volume, two kept; the short /tmp links are gone at DONE."""
+    from shoprld.daemon.foundation import raysessions
+    from shoprld.daemon.foundation.layout import short_link
+
+    if not RAY_BIN.exists():
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    dash = free_port()
+    head_cmd = [str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--port={free_port()}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                "--num-cpus=2", "--disable-usage-stats"]
+    campaign = create_tree(tmp_path, fast=True, rounds=2)
+    text, n1 = re.subn(r'^launcher = "local"$',
+                       f'launcher = "ray"\nray_address = "http://127.0.0.1:{dash}"\nray_start_head = true\n'
+                       f'ray_head_command = {json.dumps(head_cmd)}', campaign.read_text(), flags=re.MULTILINE)
+    text, n2 = re.subn(r'DEMO_CKPT_BYTES = "1048576" \}', 'DEMO_CKPT_BYTES = "1048576", DEMO_LOG_MIB = "60" }', text)
+    assert n1 == 1 and n2 == 1
+    campaign.write_text(text)
+    cfg = load_config(campaign)
+    layout = Layout.from_config(cfg)
+    out = tmp_path / "daemon.out"
+    env_ray = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    started = time.monotonic()
+    with open(out, "ab") as fh:
+        daemon = subprocess.Popen([sys.executable, str(RUNNER), str(campaign)], stdout=fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True, env=env_ray)
+    peak = 0
+    try:
+        deadline = time.monotonic() + 420
+        while daemon.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, _vm_hwm_kib(daemon.pid) or 0)
+            time.sleep(0.1)
+        rc = daemon.wait(timeout=5)
+        elapsed = time.monotonic() - started
+        assert rc == 0, out.read_text()[-3000:]
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=10)
+        for sid in tagged_sessions(layout.state_dir):
+            stop_session_sync(sid, grace=5)
+        try:  # a head left by a failure: its recorded session, ours
+            rec = json.loads((layout.ray_tmp / "shoprld-head.json").read_text())
+            if int(rec.get("sid", 0)) > 1:
+                stop_session_sync(int(rec["sid"]), grace=5)
+        except (OSError, ValueError):
+            pass
+        links = layout.remove_short_links()
+    assert json.loads((layout.state_dir / "status.json").read_text())["state"] == "DONE"
+    sizes = [layout.stage_log(r, "TRAIN").stat().st_size / 2**20 for r in range(2)]
+    print(f"\ndaemon peak RSS {peak / 1024:.1f} MiB, stage logs {sizes} MiB")
+    assert all(s > 55 for s in sizes), sizes
+    assert peak / 1024 <= 80, f"daemon peak RSS {peak / 1024:.1f} MiB with {sizes} MiB job logs"
+    jobs = [json.loads((layout.artifacts / "round" / f"round-00{r}.json").read_text())["job_id"] for r in range(2)]
+    assert jobs == [f"{PREFIX}round-000-1", f"{PREFIX}round-001-1"], jobs
+    # One head per TRAIN, stopped after its job: a session per round, both kept, none running.
+    kept = raysessions.sessions(layout.ray_tmp)
+    assert len(kept) == 2 and not (layout.ray_tmp / "shoprld-head.json").exists()
+    assert all(session_pids(int(s.name.rsplit("_", 1)[1])) == [] for s in kept)
+    driver = layout.logs / "ray-session" / f"job-driver-{jobs[1]}.log"
+    assert driver.stat().st_size > 55 * 2**20 and layout.exp_dir.resolve() in driver.resolve().parents
+    session_mib = [raysessions.tree_bytes(s) / 2**20 for s in kept]
+    # The campaign removed its short links when it ended (before the teardown above).
+    assert links == [] and not short_link(layout.tmp, "tmp").is_symlink()
+    assert not short_link(layout.ray_tmp, "ray").is_symlink()
+    print(f"\nreal heads of ours, 2 rounds in {elapsed:.0f}s: job logs {sizes[0]:.1f} + {sizes[1]:.1f} MiB, daemon "
+          f"peak RSS {peak / 1024:.1f} MiB, Ray sessions kept {[f'{m:.1f} MiB' for m in session_mib]}")
