@@ -417,7 +417,12 @@ def run_rehearse(config: Path, *, keep: bool = False, real_analyst: bool = False
             analyst = subprocess.Popen(
                 [sys.executable, str(demo_dir() / "analyst_llm.py"), "--port", str(sc.analyst_port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        configure(level="DEBUG" if debug else "WARNING", stream=sys.stderr, redactor=secrets.redactor)
+        # A rehearsal's failures are expected events: the engine's warnings go to the scratch
+        # dir's logs/shoprld.log (kept after a failed rehearsal, and named at the end), and the
+        # terminal gets the verdicts, not the same failures again as raw JSON lines.
+        # (os.devnull stays open: the root logger's handler holds it until the process ends.)
+        quiet = sys.stderr if debug else open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+        configure(level="DEBUG" if debug else "WARNING", stream=quiet, redactor=secrets.redactor)
         # Past the limit the engine gets SIGTERM: it stops every child as on any stop request.
         timer = threading.Timer(time_limit, out_of_time)
         timer.daemon = True

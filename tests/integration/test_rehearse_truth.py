@@ -80,6 +80,10 @@ def test_one_rehearsal_names_three_deviating_tools(tmp_path: Path) -> None:
         assert {k: v[k] for k in ok} == dict.fromkeys(ok, "ok"), out
         assert re.search(r"^rehearse: NOT READY: 3 stage\(s\) not ok, 0 not reached; first train.check_command "
                          r"\(\d+\.\ds; 3 engine passes", out, re.M), out
+        # The engine's failure events are in the kept shoprld.log, not repeated as JSON on the terminal.
+        assert '"event"' not in out.split("--- stderr ---")[1], out
+        shoprld_log = next(scratch.rglob("logs/shoprld.log")).read_text()
+        assert '"event": "campaign.failed"' in shoprld_log and "'status' key" in shoprld_log
         assert _leftovers(scratch) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
