@@ -77,6 +77,10 @@ from shoprld.daemon.foundation.store import SOCKET_FILE, Store
 log = structlog.get_logger("shoprld.engine")
 # How long the daemon waits at exit for queued notifications (the final "done"/"failed").
 ALERT_DRAIN_S = 30.0
+# How long after a hand-off's transition its state.json and status.json may wait for the next
+# child's registration before a task writes them anyway: past a spawn (a few ms), short
+# enough that `shoprld status` does not notice.
+FILES_LATER_S = 0.05
 
 
 class Engine:
@@ -126,6 +130,7 @@ class Engine:
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
         self.attempts = Attempts(layout, self.redactor, self.view.journal)
+        self._files_flush_pending = False  # a _flush_files_later task is waiting
         self.progress = Progress(self.view, layout=layout, clock=self.clock, notifier=self.notifier,
                                  attempts=self.attempts)
         self.reactions = Reactions(self.view, layout=layout, machine=self.machine, disk=self.disk,
@@ -411,7 +416,11 @@ class Engine:
             return None
         if isinstance(action, Enter):
             assert d.trigger is not None
-            self._transition(state, action.state, d.trigger)
+            # The hand-off's one durable write is the transition's journal line; state.json and
+            # status.json wait for the next child's registration (a durable persist) or, when
+            # the stage spawns nothing soon, the flush below (snapshot.Snapshot.transition).
+            self._transition(state, action.state, d.trigger, files_later=True)
+            self._flush_files_soon()
             if d.trigger in ("next_round", "shopsim_ready"):
                 self.progress.mark_round_started()
             if not stages.MODULES[action.state].completed(self._ctx()):
@@ -527,16 +536,32 @@ class Engine:
     def _round_finished(self, records: next_round.RoundRecords | None) -> None:
         """The round is recorded (progress.py); then the repo is looked at again."""
         ctx = self._ctx()
-        self.progress.round_finished(ctx, records)
+        # Not persisted here: the transition (or the ending) that always follows records the
+        # new cursor, and a crash before it is the crash between rounds.jsonl and state.json
+        # that Store.load already handles (the rounds file is the truth).
+        self.progress.round_finished(ctx, records, persist=False)
         self._check_hygiene(f"after {ctx.round_id}")
 
     # -- transitions (persisted through daemon/core/snapshot.py) ------------------------------------
-    def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
+    def _transition(self, src: State | None, dst: State, trigger: str, *, files_later: bool = False,
+                    **fields: Any) -> None:
         if dst is State.TRAIN:  # where TRAIN resumes, in the snapshot the transition line holds
             self.view.snap["step"] = self.progress.step_from_disk()
-        self.view.transition(src, dst, trigger, **fields)
+        self.view.transition(src, dst, trigger, files_later=files_later, **fields)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
+
+    def _flush_files_soon(self) -> None:
+        """One pending task writes what a ``files_later`` transition left (if the next child's
+        registration has not), FILES_LATER_S after it: off the hand-off, but soon."""
+        if not self._files_flush_pending:
+            self._files_flush_pending = True
+            self._background("state files", self._flush_files_later)
+
+    async def _flush_files_later(self) -> None:
+        await anyio.sleep(FILES_LATER_S)
+        self._files_flush_pending = False
+        self.view.flush_files()
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""
