@@ -407,7 +407,10 @@ def _fingerprint(ctx: RoundContext, template: tuple[str, ...]) -> str | None:
 def _reused(ctx: RoundContext, role: ChildRole, template: tuple[str, ...]) -> bool:
     """A relaunch in this round skips a tool whose last successful run read the same bytes and
     whose outputs are untouched (daemon/round/relaunch.py); journaled with the seconds saved."""
-    rec = relaunch.reusable(_record(ctx, role), _fingerprint(ctx, template))
+    path = _record(ctx, role)
+    if not path.exists():  # the round's first launch: nothing to compare (and no inputs to hash)
+        return False
+    rec = relaunch.reusable(path, _fingerprint(ctx, template))
     if rec is None:
         return False
     ctx.emit("train.tool_reused", role=role.value, saved_s=rec.get("seconds"),

@@ -77,6 +77,10 @@ from shoprld.daemon.foundation.store import SOCKET_FILE, Store
 log = structlog.get_logger("shoprld.engine")
 # How long the daemon waits at exit for queued notifications (the final "done"/"failed").
 ALERT_DRAIN_S = 30.0
+# How long after a hand-off's transition its state.json and status.json may wait for the next
+# child's registration before a task writes them anyway: past a spawn (a few ms), short
+# enough that `shoprld status` does not notice.
+FILES_LATER_S = 0.05
 
 
 class Engine:
@@ -126,6 +130,8 @@ class Engine:
         # Per failed attempt (issue 18): what the running attempt started with (its log offset,
         # its argv and exit). The cause of each state's last failure is in the counters.
         self.attempts = Attempts(layout, self.redactor, self.view.journal)
+        self._files_flush_pending = False  # a _flush_files_later task is waiting
+        self._files_due_at = 0.0  # ... until then (anyio.current_time)
         self.progress = Progress(self.view, layout=layout, clock=self.clock, notifier=self.notifier,
                                  attempts=self.attempts)
         self.reactions = Reactions(self.view, layout=layout, machine=self.machine, disk=self.disk,
@@ -413,7 +419,11 @@ class Engine:
             return None
         if isinstance(action, Enter):
             assert d.trigger is not None
-            self._transition(state, action.state, d.trigger)
+            # The hand-off's one durable write is the transition's journal line; state.json and
+            # status.json wait for the next child's registration (a durable persist) or, when
+            # the stage spawns nothing soon, the flush below (snapshot.Snapshot.transition).
+            self._transition(state, action.state, d.trigger, files_later=True)
+            self._flush_files_soon()
             if d.trigger in ("next_round", "shopsim_ready"):
                 self.progress.mark_round_started()
             if not stages.MODULES[action.state].completed(self._ctx()):
@@ -520,25 +530,52 @@ class Engine:
         log.info("config.reload", source=str(new.source), changed=list(r.changed))
         self.view.write_status(force=True)  # the textfile too, at once
 
-    def _check_hygiene(self, when: str) -> None:
-        """The repo hygiene scan (issue 9), before the first stage and after each round."""
+    def _check_hygiene(self, when: str, *, after: float = 0.0) -> None:
+        """The repo hygiene scan (issue 9), before the first stage and after each round;
+        ``after`` seconds from now."""
         roots = {self.layout.repo, self.layout.project_root}  # project_root: the tools' default output
-        self._background("hygiene scan", sources.hygiene_scan, roots, self.cfg.storage.repo_hygiene_max, when,
-                         self.send)
+        self._background("hygiene scan", self._scan_hygiene, roots, self.cfg.storage.repo_hygiene_max, when, after)
+
+    async def _scan_hygiene(self, roots: set[Path], max_bytes: int, when: str, after: float) -> None:
+        if after:
+            await anyio.sleep(after)
+        await sources.hygiene_scan(roots, max_bytes, when, self.send)
 
     def _round_finished(self, records: next_round.RoundRecords | None) -> None:
         """The round is recorded (progress.py); then the repo is looked at again."""
         ctx = self._ctx()
-        self.progress.round_finished(ctx, records)
-        self._check_hygiene(f"after {ctx.round_id}")
+        # Not persisted here: the transition (or the ending) that always follows records the
+        # new cursor, and a crash before it is the crash between rounds.jsonl and state.json
+        # that Store.load already handles (the rounds file is the truth).
+        self.progress.round_finished(ctx, records, persist=False)
+        # Past the next round's first spawn: the scan's worker thread (git status, a tree walk)
+        # holds the GIL and forks, and would compete with that hand-off on the loop's thread.
+        self._check_hygiene(f"after {ctx.round_id}", after=FILES_LATER_S)
 
     # -- transitions (persisted through daemon/core/snapshot.py) ------------------------------------
-    def _transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
+    def _transition(self, src: State | None, dst: State, trigger: str, *, files_later: bool = False,
+                    **fields: Any) -> None:
         if dst is State.TRAIN:  # where TRAIN resumes, in the snapshot the transition line holds
             self.view.snap["step"] = self.progress.step_from_disk()
-        self.view.transition(src, dst, trigger, **fields)
+        self.view.transition(src, dst, trigger, files_later=files_later, **fields)
         if dst is State.START_SHOPSIM and src is State.PREFLIGHT_DISK:
             self._after_preflight()
+
+    def _flush_files_soon(self) -> None:
+        """One pending task writes what a ``files_later`` transition left (if the next child's
+        registration has not), FILES_LATER_S after the LATEST such transition: a flush armed
+        by the one before (a stage that spawns nothing, as NEXT_ROUND) must not land in the
+        middle of this hand-off."""
+        self._files_due_at = anyio.current_time() + FILES_LATER_S
+        if not self._files_flush_pending:
+            self._files_flush_pending = True
+            self._background("state files", self._flush_files_later)
+
+    async def _flush_files_later(self) -> None:
+        while (wait := self._files_due_at - anyio.current_time()) > 0:
+            await anyio.sleep(wait)
+        self._files_flush_pending = False
+        self.view.flush_files()
 
     def _after_preflight(self) -> None:
         """The volume exists now: the log file, the watcher and the disk guard can start."""

@@ -140,9 +140,11 @@ class Progress:
             atomic_write_json(path, rec)
         self.view.round_started_at = num(rec.get("started_at"))
 
-    def round_finished(self, ctx: base.RoundContext, records: next_round.RoundRecords | None) -> None:
+    def round_finished(self, ctx: base.RoundContext, records: next_round.RoundRecords | None, *,
+                       persist: bool = True) -> None:
         """The round is recorded: its line in ``rounds_done``, its duration, the operator's note.
-        ``records``: what NEXT_ROUND read (None when it was skipped: then the stage reads them)."""
+        ``records``: what NEXT_ROUND read (None when it was skipped: then the stage reads them).
+        ``persist=False``: the caller's next write (a transition) records the new cursor."""
         r, snap = self.live.round, self.view.snap
         read = records or next_round.records(ctx)
         started_at = read.started.get("started_at")
@@ -160,7 +162,8 @@ class Progress:
         record = {**done[-1], ROW_KEY: row} if row is not None else done[-1]
         self.view.journal(ROUND_DONE_EVENT, sync=False, **record)
         self.view.store.append_round(record)
-        self.view.persist()
+        if persist:
+            self.view.persist()
         val = f"{read.primary.get('success_rate')}" if read.primary else "n/a"
         self._alert("round_done", f"{ctx.round_id} done: success_rate {val}, gate {read.gate.get('decision', '?')}",
                     failure=False)

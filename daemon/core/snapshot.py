@@ -74,6 +74,9 @@ class Snapshot:
         self.hygiene_warnings: list[str] = []  # the repo hygiene guard's current findings
         self.round_started_at: float | None = None  # the current round's (round/round-NNN.json)
         self._last_status_write = 0.0
+        # A transition whose state.json and status.json wait for the next stage's spawn (see
+        # :meth:`transition`'s ``files_later``); any persist writes them, :meth:`flush_files` too.
+        self.files_due = False
         self._plan_warned: set[tuple[int, str]] = set()  # (round, reason) already journaled
 
     def load(self, save_dir: Path) -> dict[str, Any]:
@@ -169,10 +172,18 @@ class Snapshot:
         failed attempts by cause."""
         return {"restarts": self.live.counters.restarts, **self.state_data["counters"]}
 
-    def transition(self, src: State | None, dst: State, trigger: str, **fields: Any) -> None:
+    def transition(self, src: State | None, dst: State, trigger: str, *, files_later: bool = False,
+                   **fields: Any) -> None:
         """Move the machine (``trigger`` must be the table's; ``src`` None: a (re)start sets
         ``dst``) and record it: the journal line, durable and holding the snapshot, then
-        state.json and status.json, then systemd's STATUS= (and READY= once the campaign is up)."""
+        state.json and status.json, then systemd's STATUS= (and READY= once the campaign is up).
+
+        ``files_later``: leave state.json and status.json to whoever writes them next (the next
+        stage's child registration persists durably a few ms later, or :meth:`flush_files`), so
+        the hand-off to that spawn does not wait for them. Nothing is lost: the journal line,
+        fsynced here before anything acts on the new state, already holds this snapshot, and
+        ``Store.load`` prefers a journal snapshot newer than state.json (crash-safe as the
+        unsynced replace it saves). status.json is advisory and lags by that much."""
         if src is not None and trigger != "start":
             self.machine.fire(trigger)
         else:
@@ -184,7 +195,10 @@ class Snapshot:
         self.journal("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, **fields)
         log.info("transition", src=src.value if src else None, dst=dst.value, trigger=trigger, round=r)
         structlog.contextvars.bind_contextvars(campaign=self.live.cfg.campaign.name, round=r, state=dst.value)
-        self.persist(durable=False)  # the transition line above, fsynced, holds this snapshot
+        if files_later:
+            self.files_due = True
+        else:
+            self.persist(durable=False)  # the transition line above, fsynced, holds this snapshot
         maybe_die(dst, "enter", r)
         self.notifier.status_of(self.snap)
         if src is State.START_SHOPSIM and dst in (State.TRAIN, State.DONE):
@@ -196,8 +210,15 @@ class Snapshot:
 
     def persist(self, *, durable: bool = True) -> None:
         """state.json (durably unless the journal just took the same snapshot) and status.json."""
+        self.files_due = False  # this write supersedes a transition's deferred one
         self.store.save(self.state_doc(), durable=durable)
         self.write_status(force=True)
+
+    def flush_files(self) -> None:
+        """Write the state.json and status.json a ``files_later`` transition left, if no persist
+        has written them since (not durably: the transition's journal line holds the snapshot)."""
+        if self.files_due:
+            self.persist(durable=False)
 
     def status_doc(self) -> dict[str, Any]:
         cfg = self.live.cfg

@@ -3,6 +3,7 @@ and out (issue 30, item 3)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,39 @@ def test_the_record_holds_hashes_and_seconds_only(tmp_path: Path) -> None:
     rec = tmp_path / "r.json"
     relaunch.remember(rec, fp=fp or "", seconds=0.5)
     assert secret not in rec.read_text()
+
+
+def _opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files file_digest reads (its module's ``open``)."""
+    seen: list[str] = []
+
+    def counting(path: Path, *a: object, **k: object) -> object:
+        seen.append(str(path))
+        return open(path, *a, **k)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(relaunch, "open", counting, raising=False)
+    return seen
+
+
+def test_a_settled_files_digest_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter an argv names is hashed once per daemon, not before every emit."""
+    f = tmp_path / "interp"
+    f.write_bytes(b"x" * 100_000)
+    monkeypatch.setattr(relaunch, "RACY_S", 0.0)  # its ctime is now and cannot be set back
+    opens = _opens(monkeypatch)
+    first = relaunch.file_digest(f)
+    assert relaunch.file_digest(f) == first and opens == [str(f)]
+    f.write_bytes(b"y" * 100_000)  # same size, new bytes; its mtime moved past any coarse tick
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert relaunch.file_digest(f) != first and len(opens) == 2
+
+
+def test_a_just_written_file_is_hashed_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Racy clean: within RACY_S of its last change a write in the same timestamp tick could
+    keep its stamps, so its digest is not remembered."""
+    f = tmp_path / "fresh"
+    f.write_bytes(b"a" * 10)
+    opens = _opens(monkeypatch)
+    relaunch.file_digest(f)
+    relaunch.file_digest(f)
+    assert opens == [str(f), str(f)]
