@@ -237,7 +237,8 @@ class TrainSection(ProcessSpec):
     # signals and learns its bound from this campaign's steps; "steps" is the older rule, no
     # progress line for max(stall_factor x median step, stall_min).
     stall_verdict: Literal["phases", "steps"] = "phases"
-    stall_phase_factor: Float = Field(default=5.0, gt=1, le=1000)  # x p95 of a phase's longest still gap
+    # x the p95 of a phase's longest still gap: at 3, a phase 3x slower than usual never fires.
+    stall_phase_factor: Float = Field(default=3.0, gt=1, le=1000)
     stall_quiet_min: Duration = 300.0   # no learned bound is shorter
     stall_min_samples: Int = Field(default=3, ge=1, le=1000)  # finished phases before a bound is learned
     # A trainer line that is a sign of life (slime's logger: "[time] file.py:N - msg"), and the

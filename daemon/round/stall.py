@@ -94,7 +94,7 @@ def p95(values: list[float]) -> float:
 class Bounds:
     """The verdict's knobs, in seconds (``[train]`` stall_* keys)."""
 
-    factor: float = 5.0          # x p95 of a phase's learned longest still gap
+    factor: float = 3.0          # x p95 of a phase's learned longest still gap
     quiet_min: float = 300.0     # no learned bound is shorter
     floor: float = 1800.0        # a phase with fewer than min_samples finished instances
     loading_floor: float = 5400.0  # LOADING before any launch was seen (stall_factor x stall_min)
