@@ -357,7 +357,8 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
     last_step_at = ctx.clock.monotonic()
     last_id: int | None = None
     done = anyio.Event()
-    watch, signals = _stall_watch(ctx, last_step_at) if cfg.stall_verdict == "phases" else (None, None)
+    watch, signals = _stall_watch(ctx, last_step_at, adopted=trainer.adopted) if cfg.stall_verdict == "phases" \
+        else (None, None)
 
     async def waiter() -> None:
         await trainer.wait()
@@ -414,7 +415,7 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
     return Followed()
 
 
-def _stall_watch(ctx: RoundContext, now: float) -> tuple[stallrule.StallWatch, TrainSignals]:
+def _stall_watch(ctx: RoundContext, now: float, *, adopted: bool) -> tuple[stallrule.StallWatch, TrainSignals]:
     """The phase-aware verdict for one launch (daemon/round/stall.py), with what this campaign's
     earlier launches learned, and the readers of its signals (services/stallsignals.py)."""
     cfg = ctx.cfg.train
@@ -424,7 +425,7 @@ def _stall_watch(ctx: RoundContext, now: float) -> tuple[stallrule.StallWatch, T
     signals = TrainSignals(line_pattern=cfg.stall_line_pattern, noise_pattern=cfg.stall_noise_pattern,
                            save_dir=ctx.layout.save_dir, request_log=request_log(ctx.plan),
                            engine_url=cfg.engine_metrics_url, http=ctx.http)
-    return stallrule.StallWatch(now, learned, bounds), signals
+    return stallrule.StallWatch(now, learned, bounds, adopted=adopted), signals
 
 
 async def _observe(ctx: RoundContext, watch: stallrule.StallWatch, signals: TrainSignals, text: str,

@@ -159,8 +159,12 @@ class Verdict:
 class StallWatch:
     """One trainer launch's phases. Feed it :meth:`observe` at each poll; ask :meth:`verdict`."""
 
-    def __init__(self, now: float, learned: Learned, bounds: Bounds) -> None:
+    def __init__(self, now: float, learned: Learned, bounds: Bounds, *, adopted: bool = False) -> None:
         self.learned, self.bounds = learned, bounds
+        # A trainer adopted mid-flight (a daemon restart) may be in any phase: until a marker or
+        # a rollout signal says which, the most lenient phase's bound applies, and the part of a
+        # phase seen is not learned from.
+        self.unknown = adopted
         self.phase = Phase.LOADING
         self.phase_start = now
         self.last_moved = now       # the current phase's last movement (its start counts)
@@ -193,11 +197,15 @@ class StallWatch:
         if to is self.phase:
             return
         gap = max(self.max_gap, now - self.last_moved)
-        self.learned.add(self.phase, gap)
-        self.finished.append((self.phase, now - self.phase_start, gap))
+        if not self.unknown:
+            self.learned.add(self.phase, gap)
+            self.finished.append((self.phase, now - self.phase_start, gap))
+        self.unknown = False
         self.phase, self.phase_start, self.last_moved, self.max_gap = to, now, now, 0.0
 
     def limit(self) -> tuple[float, str]:
+        if self.unknown:
+            return max((bound(p, self.learned, self.bounds) for p in Phase), key=lambda b: b[0])[0], "adopted"
         return bound(self.phase, self.learned, self.bounds)
 
     def verdict(self, now: float) -> Verdict | None:

@@ -206,3 +206,15 @@ def test_parse_metrics_never_raises(text: str) -> None:
 def test_parse_metrics_reads_what_was_written(samples: dict[str, float]) -> None:
     text = "\n".join(f"{k} {v!r}" for k, v in samples.items())
     assert parse_metrics(text) == pytest.approx({k: float(v) for k, v in samples.items()})
+
+
+def test_an_adopted_trainer_gets_the_most_lenient_bound_until_its_phase_shows() -> None:
+    """A daemon restarted mid-training adopts the trainer: its phase is unknown, so LOADING's
+    quick bound must not fire during a training that shows no line for a while."""
+    learned = trained(loading=[1.0], training=[8.0, 8.0, 8.0], rollout=[1.0, 1.0, 1.0])
+    watch = StallWatch(0.0, learned, B, adopted=True)
+    assert watch.limit() == (100.0, "adopted")  # the floor of the unlearned saving phase
+    assert watch.verdict(50.0) is None
+    watch.observe(51.0, {"log_lines": 1.0}, [Marker.TRAIN_END])
+    assert watch.limit() == (10.0, "learned from 3") and watch.phase is Phase.ROLLOUT
+    assert len(watch.learned.gaps[Phase.LOADING]) == 1  # the partial phase taught nothing
