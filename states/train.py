@@ -21,7 +21,6 @@ converted base model is not checked: its numbering is the converter's, not a res
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from dataclasses import dataclass
@@ -34,15 +33,14 @@ from shoprld.daemon.foundation import checkpoints as ckpt
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
 from shoprld.daemon.round import saves
-from shoprld.daemon.round import stall as stallrule
 from shoprld.daemon.services.shopsim import request_log
-from shoprld.daemon.services.stallsignals import TrainSignals
+from shoprld.daemon.services.stallsignals import PhaseWatch
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
 from shoprld.daemon.round.machine import State
 from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import atomic_write_json, replace_json
+from shoprld.daemon.foundation.store import atomic_write_json
 from shoprld.daemon.services.processes import Child
 from shoprld.daemon.services.rayjobs import RayJobsError
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
@@ -357,8 +355,9 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
     last_step_at = ctx.clock.monotonic()
     last_id: int | None = None
     done = anyio.Event()
-    watch, signals = _stall_watch(ctx, last_step_at, adopted=trainer.adopted) if cfg.stall_verdict == "phases" \
-        else (None, None)
+    watch = PhaseWatch(cfg, now=last_step_at, learned_file=ctx.layout.stall_learned, save_dir=ctx.layout.save_dir,
+                       request_log=request_log(ctx.plan), http=ctx.http, adopted=trainer.adopted) \
+        if cfg.stall_verdict == "phases" else None
 
     async def waiter() -> None:
         await trainer.wait()
@@ -388,16 +387,16 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                 step = min(ctx.cfg.campaign.steps_per_round, max(0, newest - start_iter))
                 ctx.emit("train.progress", rollout=newest, step=step,
                          step_seconds=statistics.median(step_times) if step_times else None)
-            if watch is not None and signals is not None:
-                verdict = await _observe(ctx, watch, signals, text, now)
+            if watch is not None:  # the phase-aware verdict (issue 30)
+                verdict = await watch.poll(text, now, ctx.shopsim.free_slots, ctx.emit)
                 if verdict is not None and not done.is_set():
                     ctx.emit("train.stall", idle_s=verdict.quiet_s, limit_s=verdict.limit_s, last_rollout=last_id,
                              policy=cfg.stall_policy, phase=verdict.phase.value, basis=verdict.basis,
-                             signals=verdict.ages, engine_running=signals.running)
+                             signals=verdict.ages, engine_running=watch.signals.running)
                     if cfg.stall_policy == "restart":
                         tg.cancel_scope.cancel()
                         return Followed(stalled=f"{verdict.message()}; restarting from the last checkpoint")
-                    watch.last_moved = now  # alert only: raise it once per limit
+                    watch.rearm(now)  # alert only: raise it once per limit
                 continue
             # Before the first step slime loads the model and warms SGLang up, which takes
             # longer than a step: allow stall_factor x stall_min for that.
@@ -413,44 +412,6 @@ async def _follow(ctx: RoundContext, trainer: Child, resume: ResumePoint | None 
                                             f"restarting from the last checkpoint")
                 last_step_at = now  # alert only: raise it once per limit
     return Followed()
-
-
-def _stall_watch(ctx: RoundContext, now: float, *, adopted: bool) -> tuple[stallrule.StallWatch, TrainSignals]:
-    """The phase-aware verdict for one launch (daemon/round/stall.py), with what this campaign's
-    earlier launches learned, and the readers of its signals (services/stallsignals.py)."""
-    cfg = ctx.cfg.train
-    bounds = stallrule.Bounds(factor=cfg.stall_phase_factor, quiet_min=cfg.stall_quiet_min, floor=cfg.stall_min,
-                              loading_floor=cfg.stall_factor * cfg.stall_min, min_samples=cfg.stall_min_samples)
-    learned = stallrule.Learned.from_json(_read_learned(ctx.layout.stall_learned))
-    signals = TrainSignals(line_pattern=cfg.stall_line_pattern, noise_pattern=cfg.stall_noise_pattern,
-                           save_dir=ctx.layout.save_dir, request_log=request_log(ctx.plan),
-                           engine_url=cfg.engine_metrics_url, http=ctx.http)
-    return stallrule.StallWatch(now, learned, bounds, adopted=adopted), signals
-
-
-async def _observe(ctx: RoundContext, watch: stallrule.StallWatch, signals: TrainSignals, text: str,
-                   now: float) -> stallrule.Verdict | None:
-    """One poll of the verdict: the chunk's lines and markers, the other signals, the phases
-    finished since (journaled, and what they taught kept in the state dir)."""
-    markers = signals.lines(text)
-    finished = len(watch.finished)
-    watch.observe(now, await signals.poll(ctx.shopsim.free_slots), markers)
-    for phase, took, gap in watch.finished[finished:]:
-        ctx.emit("train.phase", phase=phase.value, seconds=round(took, 3), longest_still_s=round(gap, 3))
-    if len(watch.finished) > finished:
-        replace_json(ctx.layout.stall_learned, watch.learned.to_json())
-    return watch.verdict(now)
-
-
-def _read_learned(path: Path) -> object:
-    """The learned bounds' document, or None (absent, not a regular file, not JSON: a rebuilt
-    file; the floors apply until the campaign's phases teach them again)."""
-    try:
-        if not path.is_file() or path.is_symlink():
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _read_chunk(log: Path, offset: int) -> tuple[int, str]:

@@ -19,13 +19,18 @@ GPUs at 100 % utilisation (see the README's stall section).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from shoprld.daemon.round.stall import Marker, engine_signals, markers_in
+from shoprld.daemon.foundation.configsections import TrainSection
+from shoprld.daemon.foundation.store import replace_json
+from shoprld.daemon.round.stall import Bounds, Learned, Marker, StallWatch, Verdict, engine_signals, markers_in
 
 ITER_PREFIX = "iter_"
 
@@ -93,3 +98,45 @@ class TrainSignals:
         return {"log_lines": float(self.log_lines), "shopsim_requests": file_size(self.request_log),
                 "leases": None if free_slots is None else float(free_slots), "tokens": tokens,
                 "checkpoint_bytes": checkpoint_bytes(self.save_dir)}
+
+
+class PhaseWatch:
+    """One trainer launch under the phase-aware verdict: the signals read, the verdict kept (with
+    what this campaign's earlier phases taught, in ``learned_file``), each finished phase logged."""
+
+    def __init__(self, cfg: TrainSection, *, now: float, learned_file: Path, save_dir: Path, request_log: Path | None,
+                 http: httpx.AsyncClient | None, adopted: bool) -> None:
+        bounds = Bounds(factor=cfg.stall_phase_factor, quiet_min=cfg.stall_quiet_min, floor=cfg.stall_min,
+                        loading_floor=cfg.stall_factor * cfg.stall_min, min_samples=cfg.stall_min_samples)
+        self.learned_file = learned_file
+        self.watch = StallWatch(now, Learned.from_json(read_learned(learned_file)), bounds, adopted=adopted)
+        self.signals = TrainSignals(line_pattern=cfg.stall_line_pattern, noise_pattern=cfg.stall_noise_pattern,
+                                    save_dir=save_dir, request_log=request_log, engine_url=cfg.engine_metrics_url,
+                                    http=http)
+
+    async def poll(self, text: str, now: float, free_slots: int | None,
+                   emit: Callable[..., Any]) -> Verdict | None:
+        """One poll: ``text`` is the stage log's new lines. Returns the verdict, if a hang."""
+        markers = self.signals.lines(text)
+        finished = len(self.watch.finished)
+        self.watch.observe(now, await self.signals.poll(free_slots), markers)
+        for phase, took, gap in self.watch.finished[finished:]:
+            emit("train.phase", phase=phase.value, seconds=round(took, 3), longest_still_s=round(gap, 3))
+        if len(self.watch.finished) > finished:
+            replace_json(self.learned_file, self.watch.learned.to_json())  # a cache: no fsync
+        return self.watch.verdict(now)
+
+    def rearm(self, now: float) -> None:
+        """After an alert-only verdict: the next one only after another whole bound."""
+        self.watch.last_moved = now
+
+
+def read_learned(path: Path) -> object:
+    """The learned bounds' document, or None (absent, not a regular file, not JSON: the floors
+    apply until the campaign's phases teach them again)."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
