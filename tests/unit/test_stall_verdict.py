@@ -3,6 +3,8 @@ under hypothesis (it parses an engine's output)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -218,3 +220,34 @@ def test_an_adopted_trainer_gets_the_most_lenient_bound_until_its_phase_shows() 
     watch.observe(51.0, {"log_lines": 1.0}, [Marker.TRAIN_END])
     assert watch.limit() == (10.0, "learned from 3") and watch.phase is Phase.ROLLOUT
     assert len(watch.learned.gaps[Phase.LOADING]) == 1  # the partial phase taught nothing
+
+
+def test_trainer_lines_exclude_engine_access_lines_and_the_sidecar() -> None:
+    """slime#1487's log kept growing with the engines' access lines: they are not the trainer's."""
+    from shoprld.daemon.foundation.configsections import TrainSection
+    from shoprld.daemon.services.stallsignals import TrainSignals
+
+    cfg = TrainSection()
+    sig = TrainSignals(line_pattern=cfg.stall_line_pattern, noise_pattern=cfg.stall_noise_pattern,
+                       save_dir=Path("/nonexistent"), request_log=None, engine_url=None, http=None)
+    text = "\n".join([
+        "(MegatronTrainRayActor pid=19450) [2026-03-24 06:36:50] timer.py:24 - Timer actor_train start",
+        '(SGLangEngine pid=17467) [2026-03-24 06:36:52] INFO:     172.17.0.11:41646 - "GET /metrics HTTP/1.1" 200 OK',
+        '[2026-03-24 06:36:52] http.py:1 - 127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK',
+        "shopsimrl: watch-analyze: 1 new card(s)",
+        "[2026-03-24 06:37:50] model.py:0 - step 3: {'train/loss': 0.1}",
+    ])
+    assert sig.lines(text) == [Marker.TRAIN_START]
+    assert sig.log_lines == 2
+
+
+def test_checkpoint_bytes_follow_the_newest_iter_dir(tmp_path: Path) -> None:
+    from shoprld.daemon.services.stallsignals import checkpoint_bytes
+
+    assert checkpoint_bytes(tmp_path) is None
+    (tmp_path / "iter_0000004").mkdir()
+    (tmp_path / "iter_0000004" / "__0_0.distcp").write_bytes(b"x" * 10)
+    (tmp_path / "iter_0000009").mkdir()
+    assert checkpoint_bytes(tmp_path) == 0 + 2  # the newest is empty (+ the dir count)
+    (tmp_path / "iter_0000009" / "__0_0.distcp").write_bytes(b"x" * 100)
+    assert checkpoint_bytes(tmp_path) == 100 + 2
