@@ -115,7 +115,7 @@ from common import (  # noqa: E402
     work_lost,
 )
 
-from projection import Policy, Seed, project, replay_floor, what_it_needs  # noqa: E402
+from projection import INPUTS, Policy, Seed, phase_bound, project, replay_floor, what_it_needs  # noqa: E402
 
 from tests.demotree import SHOPRLD, proc_pids, proc_stat, results  # noqa: E402
 
@@ -757,7 +757,11 @@ def projection_column(saves: str) -> dict[str, Any]:
     return {"policy": saves, "seed_wall_h": round(Seed().wall_s() / 3600, 2),
             **{mode: {loss: project(Seed(), Policy(saves=mode, loss=loss)).as_dict()  # type: ignore[arg-type]
                       for loss in ("expected", "worst")} for mode in ("fixed", "adaptive")},
-            "what_21h_needs": what_it_needs(Seed(), GOALS["projection_h"])}
+            "what_21h_needs": what_it_needs(Seed(), GOALS["projection_h"]),
+            # issue 30: every input with its source, and the phase-aware verdict's bound per phase
+            "inputs": {k: v.as_dict() for k, v in INPUTS.items()},
+            "stall_bound_real_min": {ph: round(phase_bound(Seed(), Policy(), ph) / 60, 1)
+                                     for ph in ("loading", "rollout", "training", "saving")}}
 
 
 def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: Plan) -> dict[str, Any]:
