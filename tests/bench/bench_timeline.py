@@ -741,6 +741,10 @@ def main() -> int:
         report["projection"] = projection_column(a.saves)
         report["summary"] = summarize(rows, report["projection"], humans)
         report["summary"]["replay_floor"] = floor_of(rows["shoprld"], report["reference"], steps, plan)
+        # What would lower it (issue 30): the same floor with an async save's blocking part
+        # (projection.INPUTS, assumed until measured on a GPU machine) instead of the measured save.
+        report["summary"]["replay_floor_async_save"] = floor_of(rows["shoprld"], report["reference"], steps, plan,
+                                                                save_s=INPUTS["async_save_blocking_s"].value / SCALE)
     finally:
         for r in roots.values():
             cleanup_tree(r)
@@ -764,7 +768,8 @@ def projection_column(saves: str) -> dict[str, Any]:
                                      for ph in ("loading", "rollout", "training", "saving")}}
 
 
-def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: Plan) -> dict[str, Any]:
+def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: Plan,
+             save_s: float | None = None) -> dict[str, Any]:
     """The least faulted / fault-free ratio this replay allows ANY save policy (projection.py's
     ``replay_floor``), from this run's own figures: shoprld's fault-free wall and median step, its
     measured save time, its stall limit, the plan's process faults, and the real relaunch + load
@@ -774,7 +779,7 @@ def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: P
     seed = Seed()
     return replay_floor(
         fault_free_s=row["fault_free_wall_s"], steps=ROUNDS * steps, rounds=ROUNDS,
-        save_s=measured[len(measured) // 2] if measured else SAVE_S,
+        save_s=save_s if save_s is not None else measured[len(measured) // 2] if measured else SAVE_S,
         step_s=reference.get("shoprld_median_step_s") or row.get("median_step_s") or STEP_SLEEP,
         faults=sum(1 for f in plan.faults if f["fault"] != "incomplete_gate"),
         stall_detect_s=max(row.get("stall_limits_s") or [0.0]),
