@@ -18,6 +18,11 @@ DEMO_FAULT_ONCE_DIR=DIR each fires once, while DIR/<marker> is absent, and creat
 - DEMO_HANG_ON_START=1         alive forever before the first rollout (`hang_on_start`);
 - DEMO_LEAK_LEASES=1           lease ShopSim slots and never release them: at DEMO_CRASH_AT, or
                                after the last rollout with exit 0 (`crash_at`, `leak_leases`);
+- DEMO_HANG_AFTER_ENGINES_AT=K slime#1484: the launch starting at rollout K prints the engines'
+                               ready line, then hangs before any rollout (`hang_after_engines`);
+- DEMO_HANG_IN_TRAIN_AT=K      slime#1487: rollout K completes, `Timer actor_train start`, then
+                               no trainer line (`hang_in_train`);
+- DEMO_SLOW_AT=K:F             rollout K's generations and training F times slower, signals moving;
 - DEMO_FAULT_RESUME_AT_ZERO=1  slime#1558: after `--load` of a numbered checkpoint (not the
                                converted base's `release`), the weights load but the rollout count
                                restarts at 0 instead of tracker + 1 (`resume_at_zero`).

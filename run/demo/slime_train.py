@@ -27,7 +27,7 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
-DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
+DEMO_HANG_ON_START, DEMO_HANG_AFTER_ENGINES_AT, DEMO_HANG_IN_TRAIN_AT, DEMO_SLOW_AT, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
 DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_STEP_SECONDS,
 DEMO_TRIAGE_FRACTION); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
