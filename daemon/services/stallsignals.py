@@ -39,7 +39,8 @@ def checkpoint_bytes(save_dir: Path) -> float | None:
     """The bytes of the newest ``iter_*`` dir (by name: Megatron's zero-padded iteration), its
     files and one level of subdirs; None when there is none."""
     try:
-        names = [e.name for e in os.scandir(save_dir) if e.name.startswith(ITER_PREFIX) and e.is_dir(follow_symlinks=False)]
+        names = [e.name for e in os.scandir(save_dir)
+                 if e.name.startswith(ITER_PREFIX) and e.is_dir(follow_symlinks=False)]
     except OSError:
         return None
     if not names:
