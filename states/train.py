@@ -34,6 +34,8 @@ from shoprld.daemon.foundation import logchunks
 from shoprld.daemon.foundation import retention
 from shoprld.daemon.services import gpus
 from shoprld.daemon.round import asyncsave, relaunch, resume, saves
+from shoprld.daemon.services.shopsim import request_log
+from shoprld.daemon.services.stallsignals import PhaseWatch
 from shoprld.daemon.services.commands import port_mismatches
 from shoprld.daemon.foundation.disk import log_says_enospc
 from shoprld.daemon.foundation.errors import PreflightError
@@ -350,6 +352,9 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
     last_step_at = ctx.clock.monotonic()
     last_id: int | None = None
     done = anyio.Event()
+    watch = PhaseWatch(cfg, now=last_step_at, learned_file=ctx.layout.stall_learned, save_dir=ctx.layout.save_dir,
+                       request_log=request_log(ctx.plan), http=ctx.http, adopted=trainer.adopted) \
+        if cfg.stall_verdict == "phases" else None
 
     async def waiter() -> None:
         await trainer.wait()
@@ -360,7 +365,8 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
         while not done.is_set():
             with anyio.move_on_after(0.25):
                 await done.wait()
-            offset, ids = _read_progress(log, offset, pattern)
+            offset, text = _read_chunk(log, offset)
+            ids = [int(m.group(1)) for m in pattern.finditer(text)]
             now = ctx.clock.monotonic()
             if resumed is not None and last_id is None and ids:
                 wrong = _check_resume(ctx, resumed, ids[0])
@@ -378,6 +384,17 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
                 step = min(ctx.cfg.campaign.steps_per_round, max(0, newest - start_iter))
                 ctx.emit("train.progress", rollout=newest, step=step,
                          step_seconds=statistics.median(step_times) if step_times else None)
+            if watch is not None:  # the phase-aware verdict (issue 30)
+                verdict = await watch.poll(text, now, ctx.shopsim.free_slots, ctx.emit)
+                if verdict is not None and not done.is_set():
+                    ctx.emit("train.stall", idle_s=verdict.quiet_s, limit_s=verdict.limit_s, last_rollout=last_id,
+                             policy=cfg.stall_policy, phase=verdict.phase.value, basis=verdict.basis,
+                             signals=verdict.ages, engine_running=watch.signals.running)
+                    if cfg.stall_policy == "restart":
+                        tg.cancel_scope.cancel()
+                        return Followed(stalled=f"{verdict.message()}; restarting from the last checkpoint")
+                    watch.rearm(now)  # alert only: raise it once per limit
+                continue
             # Before the first step slime loads the model and warms SGLang up, which takes
             # longer than a step: allow stall_factor x stall_min for that.
             limit = max(cfg.stall_factor * statistics.median(step_times), cfg.stall_min) if step_times \
@@ -437,6 +454,18 @@ def _warn_if_async_save_disabled(ctx: RoundContext) -> None:
         ctx.emit(saves.ASYNC_DISABLED_EVENT, log=str(log),
                  message=f"Megatron disabled --async-save (\"Disabling --async-save\" in {log}): every save "
                          f"blocks for its whole write; fix: pass {asyncsave.WORKER_FLAG} in train.command")
+
+
+def _read_chunk(log: Path, offset: int) -> tuple[int, str]:
+    """The whole lines appended to ``log`` since ``offset``, and the offset after them."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return offset, ""
+    end = chunk.rfind(b"\n") + 1
+    return offset + end, chunk[:end].decode(errors="replace")
 
 
 def _offset_of_last_start(log: Path) -> int:

@@ -233,6 +233,22 @@ class TrainSection(ProcessSpec):
     stall_factor: Float = Field(default=3.0, gt=0, le=1000)
     stall_min: Duration = 1800.0
     stall_policy: Literal["restart", "alert"] = "restart"
+    # The stall verdict (issue 30; daemon/round/stall.py): "phases" watches each phase's own
+    # signals and learns its bound from this campaign's steps; "steps" is the older rule, no
+    # progress line for max(stall_factor x median step, stall_min).
+    stall_verdict: Literal["phases", "steps"] = "phases"
+    # x the p95 of a phase's longest still gap: at 3, a phase 3x slower than usual never fires.
+    stall_phase_factor: Float = Field(default=3.0, gt=1, le=1000)
+    stall_quiet_min: Duration = 300.0   # no learned bound is shorter
+    stall_min_samples: Int = Field(default=3, ge=1, le=1000)  # finished phases before a bound is learned
+    # A trainer line that is a sign of life (slime's logger: "[time] file.py:N - msg"), and the
+    # lines that are not even when they match (SGLang's access lines: slime#1487 printed them for
+    # hours while training hung).
+    stall_line_pattern: str = r"\] \S+\.py:\d+ - "
+    stall_noise_pattern: str = r'"(GET|POST) /(metrics|health|health_generate|get_model_info)\b'
+    # SGLang's Prometheus /metrics (the router's or one engine's, started with
+    # --enable-metrics): generated tokens move the rollout phase through a long generation.
+    engine_metrics_url: Url | None = None
     # slime-style progress lines; anchored so the launch header (--num-rollout N) never matches.
     progress_pattern: str = r"(?m)^rollout (\d+)\b"
     # Ray Jobs launcher.
@@ -246,6 +262,15 @@ class TrainSection(ProcessSpec):
     # driver goes to a node with these custom resources, e.g. {trainer_node = 1}.
     ray_entrypoint_resources: dict[str, float] = {}
     runtime_env: dict[str, str] = {}
+
+    @field_validator("stall_line_pattern", "stall_noise_pattern")
+    @classmethod
+    def _any_regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
+        return v
 
     @field_validator("progress_pattern")
     @classmethod

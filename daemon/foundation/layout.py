@@ -199,6 +199,11 @@ class Layout:
         return self.state_dir / "shopsim.witness"
 
     @property
+    def stall_learned(self) -> Path:
+        """Each trainer phase's longest still gaps in this campaign (daemon/round/stall.py)."""
+        return self.state_dir / "stall.learned"
+
+    @property
     def ballast(self) -> Path:
         return self.campaign_root / ".shoprld-ballast"
 

@@ -27,6 +27,7 @@ STATE_NAMES: dict[str, tuple[str, str]] = {
     "identity.json": ("the state dir's identity", _REBUILT),
     "alerts.json": ("the notification record", _REBUILT),
     "shopsim.witness": ("ShopSim's witness", _REBUILT),
+    "stall.learned": ("the stall verdict's learned phase bounds", _REBUILT),
     "daemon.pid": ("the daemon's pid file", _REBUILT),
     "lock": ("the lock file", _REBUILT),
     "journal.jsonl": ("the journal", _RECORD),

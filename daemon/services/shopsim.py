@@ -474,6 +474,18 @@ def launcher(plan: RoundPlan) -> Launch:
     return Launch(tuple(template), env, dest_dir / SERVICE_LOG, script)
 
 
+def request_log(plan: RoundPlan) -> Path:
+    """Where the service appends a line per request (``shop_agent.log`` in its cwd): the rollout
+    phase's request signal (issue 30). Where :func:`launcher` runs it, without copying anything."""
+    cfg = plan.cfg.shopsim
+    cwd = service_cwd(plan)
+    try:
+        found = start_script(cfg.command, _expanded(plan), cwd)
+    except (KeyError, ValueError, IndexError):
+        found = None
+    return plan.layout.logs / LAUNCHER_DIR / SERVICE_LOG if found is not None else cwd / SERVICE_LOG
+
+
 def _read_witness(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None

@@ -508,11 +508,14 @@ class ShopClient:
         return True
 
     def play(self, task_id: int, key: str, skill: float, max_actions: int = 12,
-             on_reset: Callable[[dict[str, Any]], tuple[str, float]] | None = None) -> dict[str, Any]:
+             on_reset: Callable[[dict[str, Any]], tuple[str, float]] | None = None,
+             think: Callable[[], None] | None = None) -> dict[str, Any]:
         """One episode of task `task_id` with the scripted `policy_action`; returns the final answer's
         `done`, `reward`, `reward_detail`, `termination_reason` and the actions played.
 
         `on_reset(reset answer)` may replace (key, skill), e.g. from a model's generation.
+        `think()` runs before each action: the model's generation of it (the trainer stand-in's
+        engine, which takes its time and counts its tokens).
         """
         lease = self.call({"action": "reset", "idx": task_id})
         slot, lease_id = lease["env_idx"], lease["lease_id"]
@@ -528,6 +531,8 @@ class ShopClient:
                 if action is None:
                     break
                 played.append(action)
+                if think is not None:
+                    think()
                 answer = self.call({"action": "interact", "env_idx": slot, "lease_id": lease_id,
                                     "response": f"Action: {action}"})
                 state = answer.get("observation_state") or {}

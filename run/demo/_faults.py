@@ -21,6 +21,11 @@ DEMO_FAULT_ONCE_DIR=DIR each fires once, while DIR/<marker> is absent, and creat
 - DEMO_TOUCH_ON_CRASH=FILE     at DEMO_CRASH_AT, first append a comment to --custom-config-path
                                (the emitted slime.yaml: an input edited before the relaunch) and
                                create FILE;
+- DEMO_HANG_AFTER_ENGINES_AT=K slime#1484: the launch starting at rollout K prints the engines'
+                               ready line, then hangs before any rollout (`hang_after_engines`);
+- DEMO_HANG_IN_TRAIN_AT=K      slime#1487: rollout K completes, `Timer actor_train start`, then
+                               no trainer line (`hang_in_train`);
+- DEMO_SLOW_AT=K:F             rollout K's generations and training F times slower, signals moving;
 - DEMO_FAULT_RESUME_AT_ZERO=1  slime#1558: after `--load` of a numbered checkpoint (not the
                                converted base's `release`), the weights load but the rollout count
                                restarts at 0 instead of tracker + 1 (`resume_at_zero`).

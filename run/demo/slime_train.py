@@ -27,7 +27,8 @@ Exit codes: 0 done; 1 fault-injected crash or ShopSim failure (8 consecutive uns
 1 also for a tracker Megatron rejects; 2 usage or configuration error (missing WANDB_API_KEY,
 unreadable config).
 Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_SAVE_AT,
-DEMO_HANG_ON_START, DEMO_LEAK_LEASES, DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
+DEMO_HANG_ON_START, DEMO_HANG_AFTER_ENGINES_AT, DEMO_HANG_IN_TRAIN_AT, DEMO_SLOW_AT, DEMO_LEAK_LEASES,
+DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
 DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_SAVE_BLOCK_SECONDS,
 DEMO_TOUCH_ON_CRASH, DEMO_STEP_SECONDS,
 DEMO_TRIAGE_FRACTION, DEMO_LOG_MIB); run/demo/_faults.py lists the trainer's fault knobs for the benches.
@@ -126,6 +127,16 @@ class Faults:
         self.stall_at = c.env_int("DEMO_STALL_AT", None)
         self.die_mid_save_at = c.env_int("DEMO_DIE_MID_SAVE_AT", None)
         self.hang_on_start = c.env_flag("DEMO_HANG_ON_START")
+        # slime#1484: hangs after the engines report ready, before any rollout (the launch that
+        # starts at rollout K; with DEMO_FAULT_ONCE_DIR, once).
+        self.hang_after_engines_at = c.env_int("DEMO_HANG_AFTER_ENGINES_AT", None)
+        # slime#1487: rollout K completes, `Timer actor_train start`, then nothing.
+        self.hang_in_train_at = c.env_int("DEMO_HANG_IN_TRAIN_AT", None)
+        # A slow step that keeps moving: rollout K's generations and training F times slower.
+        slow = os.environ.get("DEMO_SLOW_AT", "")
+        at, _, factor = slow.partition(":")
+        self.slow_at = int(at) if at.strip().isdigit() else None
+        self.slow_factor = float(factor) if factor else 3.0
         self.leak_leases = c.env_flag("DEMO_LEAK_LEASES")
         self.resume_at_zero = c.env_flag("DEMO_FAULT_RESUME_AT_ZERO")
         self.once_dir = os.environ.get("DEMO_FAULT_ONCE_DIR") or None
@@ -145,9 +156,97 @@ class Faults:
 
 
 def stall_forever(what: str) -> None:
+    """Alive, no progress: no trainer line, no ShopSim request, no generated token. The engine
+    stand-in (its /metrics, its access lines) goes on, as SGLang's servers do in a hung job."""
     log(f"[demo fault] {what}: alive, making no progress")
     while True:
         time.sleep(3600)
+
+
+class Engine:
+    """What the daemon can see of slime's SGLang engines: the server-ready line, and with
+    DEMO_ENGINE_METRICS_PORT a Prometheus `/metrics` (`sglang:num_running_reqs`,
+    `sglang:generation_tokens_total`) whose requests are logged as uvicorn's access lines (the
+    lines slime#1487's log kept printing while training hung). DEMO_ENGINE_PING_S: an access line
+    of a health check every S seconds (the router's polls), noise the daemon must not count.
+    A generation turn (DEMO_GEN_SECONDS) counts tokens as it goes, and a running request."""
+
+    TOKENS_PER_SLICE = 40
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.tokens = 0
+        self.running = 0
+        self.gen_s = c.env_float("DEMO_GEN_SECONDS", 0.0) or 0.0
+        self.slow = 1.0
+        port = c.env_int("DEMO_ENGINE_METRICS_PORT", None)
+        if port is not None:
+            self._serve(port)
+        ping = c.env_float("DEMO_ENGINE_PING_S", 0.0) or 0.0
+        if ping > 0:
+            threading.Thread(target=self._ping, args=(ping,), daemon=True).start()
+        log(f"(SGLangEngine pid={os.getpid()}) INFO:     Uvicorn running on http://127.0.0.1:{port or 0} "
+            "(Press CTRL+C to quit)")
+
+    @staticmethod
+    def access(path: str) -> None:
+        print(f"(SGLangEngine pid={os.getpid()}) [{time.strftime('%Y-%m-%d %H:%M:%S')}] INFO:     "
+              f'127.0.0.1:40000 - "GET {path} HTTP/1.1" 200 OK', flush=True)
+
+    def _ping(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            self.access("/health")
+
+    def _serve(self, port: int) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path != "/metrics":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                with engine.lock:
+                    body = ("# TYPE sglang:num_running_reqs gauge\n"
+                            f'sglang:num_running_reqs{{model_name="demo"}} {float(engine.running)}\n'
+                            "# TYPE sglang:generation_tokens_total counter\n"
+                            f'sglang:generation_tokens_total{{model_name="demo"}} {float(engine.tokens)}\n').encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                engine.access("/metrics")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def generate(self) -> None:
+        """One generation turn of a rollout: DEMO_GEN_SECONDS (x the slow factor), tokens growing."""
+        total = self.gen_s * self.slow
+        if total <= 0:
+            return
+        with self.lock:
+            self.running += 1
+        try:
+            slices = max(1, int(total / 0.01))
+            for _ in range(slices):
+                time.sleep(total / slices)
+                with self.lock:
+                    self.tokens += self.TOKENS_PER_SLICE
+        finally:
+            with self.lock:
+                self.running -= 1
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -158,6 +257,7 @@ def write_data(save: Path, iteration: int, seed: int, faults: Faults | None) -> 
     ckpt_bytes = c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0
     shards = max(1, c.env_int("DEMO_CKPT_SHARDS", 1) or 1)
     hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
+    save_s = c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0
     d = save / c.iter_dir_name(iteration)
     d.mkdir(parents=True, exist_ok=True)
     common = {"format": "shoprld-demo-common-v1 (stand-in for a torch pickle)",
@@ -172,6 +272,10 @@ def write_data(save: Path, iteration: int, seed: int, faults: Faults | None) -> 
         def stream(rank: int = rank, size: int = size, h: Any = h) -> Any:
             for chunk in c.det_stream(c.distcp_key(iteration, seed, rank), size):
                 h.update(chunk)
+                # DEMO_SAVE_SECONDS: a real save's minutes, spent while its shards grow (the
+                # saving phase's signal), not in one sleep after them.
+                if save_s:
+                    time.sleep(save_s * len(chunk) / max(1, ckpt_bytes))
                 yield chunk
 
         c.write_fsync(d / name, stream())
@@ -207,9 +311,11 @@ def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | Non
     c.write_fsync(save / c.iter_dir_name(iteration) / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
     c.fsync_dir(save / c.iter_dir_name(iteration))
     c.fsync_dir(save)
-    # DEMO_SAVE_SECONDS: the wall time a real save takes beyond these small writes (a 53 GB
-    # checkpoint takes minutes); benchmarks set it so that a save costs what it costs.
-    time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0)
+    # DEMO_SAVE_SECONDS (the wall time a real save takes: a 53 GB checkpoint takes minutes) was
+    # spent while write_data wrote the shards; with no shard bytes, it is spent here.
+    save_s = c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0
+    if save_s and (c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0) <= 0:
+        time.sleep(save_s)
     # Megatron writes the tracker last, with a plain (non-atomic) write.
     with open(save / c.TRACKER, "w") as f:
         f.write(str(iteration))
@@ -352,7 +458,8 @@ def curriculum_round(path: Any) -> str:
 class Rollouts:
     """One rollout = a few GRPO groups, each one ShopSim episode, run concurrently."""
 
-    def __init__(self, cfg: dict[str, Any], seed: int):
+    def __init__(self, cfg: dict[str, Any], seed: int, engine: Engine | None = None):
+        self.engine = engine
         self.url = (cfg.get("shopsim_environment_base_url") or cfg.get("shopsim_url") or "").rstrip("/")
         self.concurrency = int(cfg.get("shopsim_episode_concurrency") or cfg.get("episode_concurrency") or 4)
         self.timeout = float(cfg.get("shopsim_environment_timeout") or 30)
@@ -383,7 +490,8 @@ class Rollouts:
             lease = self.client.call({"action": "reset", "idx": task})
             return {"group": group, "task_id": task, "leaked": {"env_idx": lease["env_idx"], "lease_id": lease["lease_id"]}}
         skill = min(0.9, 0.4 + 0.002 * group)  # the demo policy "learns": better choices as groups go by
-        out = self.client.play(task, f"train:{self.seed}:{self.round_id}:{group}", skill)
+        out = self.client.play(task, f"train:{self.seed}:{self.round_id}:{group}", skill,
+                               think=self.engine.generate if self.engine else None)
         return {"group": group, "task_id": task, "action": out["actions"][-1] if out["actions"] else None,
                 "actions": out["actions"], "done": out["done"], "reward": out["reward"],
                 "reward_detail": out["reward_detail"], "termination_reason": out["termination_reason"]}
@@ -519,10 +627,16 @@ def main() -> int:
         saver = AsyncSaver(Path(args.save), args.seed, faults)
     log(f"start_rollout_id={start} num_rollout={end} load={args.load} tracker={tracker}")
     cfg = read_custom_config(args.custom_config_path) if args.custom_config_path else {}
-    rollouts = Rollouts(cfg, args.seed)
+    # slime's order: the rollout manager starts the SGLang engines first, then the training
+    # models load; the engines' "Uvicorn running" line is the last line slime#1484 printed.
+    engine = Engine()
+    if faults.hang_after_engines_at == start and faults.fire("hang_after_engines"):
+        stall_forever(f"hang after the engines started, before rollout {start} (slime#1484)")
+    rollouts = Rollouts(cfg, args.seed, engine)
     step_s = c.env_float("DEMO_STEP_SECONDS", 0.05)
     # A real round's job log is tens of MiB of SGLang request lines (issue 27): spread evenly.
     chatter = int((c.env_float("DEMO_LOG_MIB", 0.0) or 0.0) * 2**20) // max(1, end - start)
+    train_lines = max(0, c.env_int("DEMO_TRAIN_LINES", 2) or 0)
     for rollout_id in range(start, end):
         t0 = time.monotonic()
         if faults.crash_at == rollout_id and faults.fire("crash_at"):
@@ -538,17 +652,33 @@ def main() -> int:
             os._exit(1)
         if faults.stall_at == rollout_id and faults.fire("stall_at"):
             stall_forever(f"stall at rollout {rollout_id}")
+        slow = faults.slow_factor if faults.slow_at == rollout_id else 1.0
+        if slow != 1.0:
+            log(f"[demo fault] rollout {rollout_id} runs {slow}x slower, its signals moving")
+        engine.slow = slow
         results = rollouts.run(rollout_id, leak=False)
-        time.sleep(step_s)
+        engine.slow = 1.0
         if chatter:
             engine_chatter(chatter)
-        rollouts.record(rollout_id, results)
         rewards = [r["reward"] for r in results if "reward" in r]
         mean = sum(rewards) / len(rewards) if rewards else 0.0
-        step_time = time.monotonic() - t0
-        slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
+        # slime logs the rollout's data as training starts (slime#1487's last lines: `rollout
+        # 16: {...}`, `passrate 16`, `Timer actor_train start`), then a line per optimizer step.
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
+        slime_log("Timer actor_train start", "timer.py:24")
+        if faults.hang_in_train_at == rollout_id and faults.fire("hang_in_train"):
+            stall_forever(f"hang in training after rollout {rollout_id} (slime#1487)")
+        train_s = step_s * slow
+        for k in range(train_lines):
+            time.sleep(train_s / (train_lines + 1))
+            slime_log(f"step {rollout_id * train_lines + k}: {{\"train/loss\": 0.0, \"train/grad_norm\": 1.0}}",
+                      "model.py:0")
+        time.sleep(train_s / (train_lines + 1))
+        slime_log(f"Timer actor_train end (elapsed: {train_s:.1f}s)", "timer.py:24")
+        rollouts.record(rollout_id, results)
+        step_time = time.monotonic() - t0
+        slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")
         # slime's rule (train.py + utils/misc.py should_run_periodic_action, since PR #1143): every
         # `save_interval` rollouts, and always at the last one (daemon/round/saves.py has the lines).
         if args.save_interval is not None and ((rollout_id + 1) % args.save_interval == 0 or rollout_id == end - 1):

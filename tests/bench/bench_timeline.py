@@ -115,7 +115,7 @@ from common import (  # noqa: E402
     work_lost,
 )
 
-from projection import Policy, Seed, project, replay_floor, what_it_needs  # noqa: E402
+from projection import INPUTS, Policy, Seed, phase_bound, project, replay_floor, what_it_needs  # noqa: E402
 
 from tests.demotree import SHOPRLD, proc_pids, proc_stat, results  # noqa: E402
 
@@ -126,7 +126,12 @@ SLOTS = 4                 # = episode concurrency: a leak of one trainer's lease
 VAL_TASKS = 16
 VAL_CONCURRENCY = 4
 SEED = 1234
-STEP_SLEEP = 0.80         # + the rollout's HTTP (~0.05 s) = ~0.85 s, the real 850 s step
+# The real step's phases (SHOPSIMRL.md, Measured): ~290 s of rollout, ~560 s of training. The
+# stand-in's rollout is its episodes against ShopSim, each action generated in GEN_S (the engine
+# stand-in counts its tokens meanwhile), ~6 actions an episode, 4 at a time: ~0.3 s; training
+# sleeps STEP_SLEEP with DEMO_TRAIN_LINES step lines (the recipe's 2 optimizer steps a rollout).
+STEP_SLEEP = 0.56
+GEN_S = 0.05
 PACE = {"trainer.after": 0.15, "analyze.before": 0.45}
 VAL_LOAD_S = 0.2
 RESTART_SEC = 30 / SCALE  # the unit's RestartSec=30s
@@ -136,7 +141,8 @@ RESTART_SEC = 30 / SCALE  # the unit's RestartSec=30s
 SAVE_S = 180 / SCALE
 # The simulated humans who babysit bash: real minutes between two looks at the terminal.
 HUMANS = {60.0: "attentive", 480.0: "overnight"}
-GOALS = {"bash_over_shoprld": {"attentive": 1.25, "overnight": 1.6}, "shoprld_faulted_over_fault_free": 1.15,
+# Issue 30's goals (issue 17's were 1.25, 1.6, 1.15 and 21 h).
+GOALS = {"bash_over_shoprld": {"attentive": 1.5, "overnight": 2.4}, "shoprld_faulted_over_fault_free": 1.10,
          "projection_h": 21.0}
 NO_RESTART = {0, 3, 4, 5}  # success, and RestartPreventExitStatus=3 4 5
 
@@ -197,6 +203,9 @@ def build_tree(root: Path, steps: int, step_seconds: float, saves: str | None = 
     ``saves``: write ``[saves] mode = saves`` (only where the config has the table: ``fixed`` on
     a branch without it is today's behaviour, so nothing is written)."""
     shim = f'"{{python}}", "-S", "{SHIM}", "{{demo_dir}}/'
+    engine_port = _free_port()
+    shopsim_cwd = root / "shopsim-cwd"
+    shopsim_cwd.mkdir(parents=True, exist_ok=True)
     edits = {
         r"^steps_per_round = 20$": f"steps_per_round = {steps}",
         r'^step_seconds = ".*"$': f'step_seconds = "{step_seconds}"',
@@ -204,7 +213,12 @@ def build_tree(root: Path, steps: int, step_seconds: float, saves: str | None = 
         r"^start_timeout = 30$": f"start_timeout = 30\nbackoff = {1 / SCALE}",
         r"^concurrency = 8$": f"concurrency = {VAL_CONCURRENCY}",
         r"^tasks = 40$": f"tasks = {VAL_TASKS}",
-        r'^stall_min = "4s"$': f'stall_min = "{1800 / SCALE}s"',   # the real recipe's 30 min
+        # the real recipe's 30 min, 5 min and (issue 30) SGLang's /metrics on the engine stand-in
+        r'^stall_min = "4s"$': f'stall_min = "{1800 / SCALE}s"\nengine_metrics_url = "http://127.0.0.1:{engine_port}/metrics"',
+        r'^stall_quiet_min = "1s"$': f'stall_quiet_min = "{300 / SCALE}s"',
+        # ShopSim logs each request in its cwd, as the real service does (the rollout's signal)
+        r'^command = \["\{python\}", "\{demo_dir\}/shopsim.py"\]$':
+            f'command = ["{{python}}", "{{demo_dir}}/shopsim.py", "--agent-log", "shop_agent.log"]\ncwd = "{shopsim_cwd}"',
         r"^backoff = 0.2$": f"backoff = {60 / SCALE}",              # the real recipe's 1 min
         r'"\{python\}", "\{demo_dir\}/': shim.replace("\\", "\\\\"),
     }
@@ -218,7 +232,15 @@ def build_tree(root: Path, steps: int, step_seconds: float, saves: str | None = 
     text = campaign.read_text()
     urls = re.findall(r'^url = "http://127\.0\.0\.1:(\d+)"', text, flags=re.M)
     return {"campaign": campaign, "shopsim_port": urls[0], "val_port": urls[1], "steps": steps,
-            "step_seconds": step_seconds}
+            "step_seconds": step_seconds, "engine_port": str(engine_port)}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def bash_env(root: Path, tree: dict[str, Any], extra: dict[str, str]) -> dict[str, str]:
@@ -230,7 +252,8 @@ def bash_env(root: Path, tree: dict[str, Any], extra: dict[str, str]) -> dict[st
         "NUM_ROUNDS": str(ROUNDS), "STEPS_PER_ROUND": str(tree["steps"]), "VAL_TASKS": str(VAL_TASKS),
         "VAL_CONCURRENCY": str(VAL_CONCURRENCY), "EPISODE_CONCURRENCY": "4", "SEED": str(SEED),
         "SCALE": str(SCALE), "WANDB_MODE": "offline", "DEMO_STEP_SECONDS": str(tree["step_seconds"]),
-        "DEMO_CKPT_BYTES": "1048576",
+        "DEMO_CKPT_BYTES": "1048576", "DEMO_GEN_SECONDS": str(GEN_S),
+        "DEMO_ENGINE_METRICS_PORT": tree["engine_port"],
         # The tag every process of this run inherits, so that cleanup finds them (no kill by name).
         "SHOPRLD_CHILD": f"{root / 'state'}|bash",
     })
@@ -383,7 +406,9 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
         while time.monotonic() < deadline:
             with open(root / f"daemon-{len(starts) + 1}.log", "wb") as out:
                 starts.append({"t": round(time.monotonic() - t0, 3)})
-                proc = subprocess.Popen([*SHOPRLD, "run", "-c", str(tree["campaign"])], env=daemon_env(env),
+                proc = subprocess.Popen([*SHOPRLD, "run", "-c", str(tree["campaign"])],
+                                        env=daemon_env({**env, "DEMO_GEN_SECONDS": str(GEN_S),
+                                                        "DEMO_ENGINE_METRICS_PORT": tree["engine_port"]}),
                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 try:
                     code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -423,6 +448,11 @@ def run_shoprld(root: Path, tree: dict[str, Any], env: dict[str, str], *, plan: 
             or (r["event"] == "transition" and r.get("trigger") in ("retry", "fail"))]
         out["shopsim_killed_at_s"] = killer.killed_at if killer else None
         out["stall_limits_s"] = [r["limit_s"] for r in recs if r["event"] == "train.stall" and "limit_s" in r]
+        # Each verdict (issue 30): the phase, how long it was still, the bound, in real minutes too.
+        out["stall_verdicts"] = [{"round": r.get("round"), "phase": r.get("phase", "steps"), "idle_s": r.get("idle_s"),
+                                  "limit_s": r.get("limit_s"), "basis": r.get("basis"),
+                                  "idle_real_min": round(float(r.get("idle_s") or 0) * SCALE / 60, 1)}
+                                 for r in recs if r["event"] == "train.stall"]
         # The adaptive save interval chosen at each trainer launch, with its inputs (issue 17, item 1).
         out["save_intervals"] = [{"t": round(r["t"] - base, 2),
                                   **{k: v for k, v in r.items() if k not in ("t", "seq", "event", "snapshot")}}
@@ -702,7 +732,8 @@ def main() -> int:
                                         "decide_real_min": x.decide * SCALE / 60,
                                         "ctrl_c_grace_real_min": x.kill_grace * SCALE / 60} for h, x in humans.items()}
         report["timeline_real_to_bench"] = {
-            "step": "750-920 s -> DEMO_STEP_SECONDS 0.80 + rollout HTTP",
+            "step": f"750-920 s (~290 s rollout, ~560 s training) -> {GEN_S} s per generated action "
+                    f"(~6 actions, 4 episodes at a time) + DEMO_STEP_SECONDS {STEP_SLEEP}",
             "save": f"~3 min (53 GB) -> DEMO_SAVE_SECONDS {SAVE_S}",
             "post_training": "8-14 min -> trainer teardown 0.15 s + compile 0.45 s + tools",
             "serve_val_gate": f"12-14 min -> load {VAL_LOAD_S} s + {VAL_TASKS} val tasks + {VAL_TASKS} gate rollouts",
@@ -710,6 +741,10 @@ def main() -> int:
         report["projection"] = projection_column(a.saves)
         report["summary"] = summarize(rows, report["projection"], humans)
         report["summary"]["replay_floor"] = floor_of(rows["shoprld"], report["reference"], steps, plan)
+        # What would lower it (issue 30): the same floor with an async save's blocking part
+        # (projection.INPUTS, assumed until measured on a GPU machine) instead of the measured save.
+        report["summary"]["replay_floor_async_save"] = floor_of(rows["shoprld"], report["reference"], steps, plan,
+                                                                save_s=INPUTS["async_save_blocking_s"].value / SCALE)
     finally:
         for r in roots.values():
             cleanup_tree(r)
@@ -726,10 +761,15 @@ def projection_column(saves: str) -> dict[str, Any]:
     return {"policy": saves, "seed_wall_h": round(Seed().wall_s() / 3600, 2),
             **{mode: {loss: project(Seed(), Policy(saves=mode, loss=loss)).as_dict()  # type: ignore[arg-type]
                       for loss in ("expected", "worst")} for mode in ("fixed", "adaptive")},
-            "what_21h_needs": what_it_needs(Seed(), GOALS["projection_h"])}
+            "what_21h_needs": what_it_needs(Seed(), GOALS["projection_h"]),
+            # issue 30: every input with its source, and the phase-aware verdict's bound per phase
+            "inputs": {k: v.as_dict() for k, v in INPUTS.items()},
+            "stall_bound_real_min": {ph: round(phase_bound(Seed(), Policy(), ph) / 60, 1)
+                                     for ph in ("loading", "rollout", "training", "saving")}}
 
 
-def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: Plan) -> dict[str, Any]:
+def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: Plan,
+             save_s: float | None = None) -> dict[str, Any]:
     """The least faulted / fault-free ratio this replay allows ANY save policy (projection.py's
     ``replay_floor``), from this run's own figures: shoprld's fault-free wall and median step, its
     measured save time, its stall limit, the plan's process faults, and the real relaunch + load
@@ -739,7 +779,7 @@ def floor_of(row: dict[str, Any], reference: dict[str, Any], steps: int, plan: P
     seed = Seed()
     return replay_floor(
         fault_free_s=row["fault_free_wall_s"], steps=ROUNDS * steps, rounds=ROUNDS,
-        save_s=measured[len(measured) // 2] if measured else SAVE_S,
+        save_s=save_s if save_s is not None else measured[len(measured) // 2] if measured else SAVE_S,
         step_s=reference.get("shoprld_median_step_s") or row.get("median_step_s") or STEP_SLEEP,
         faults=sum(1 for f in plan.faults if f["fault"] != "incomplete_gate"),
         stall_detect_s=max(row.get("stall_limits_s") or [0.0]),

@@ -23,8 +23,12 @@ REFERENCE.md ("Megatron checkpoints"):
 
 shoprld's policy, as the recipe configures it:
 
-- a stall is declared after ``max(stall_min, stall_factor x median step)`` without a step
-  (run/slime-4xa800.toml: 30 min, k = 3), then the trainer is killed and relaunched;
+- a stall is declared by the phase-aware verdict (issue 30, daemon/round/stall.py): the phase the
+  trainer hangs in has had no signal for ``phase_factor`` (3) x the 95th percentile of that
+  phase's longest still gap in this campaign, at least ``quiet_min`` (5 min). Which phase the
+  seed's round-001 stall hung in is unknown, so the projection takes the slowest bound, training's
+  (``stall_phase``). ``stall_verdict="steps"`` is the older rule: ``max(stall_min, stall_factor x
+  median step)`` without a step (30 min, k = 3). Then the trainer is killed and relaunched;
 - a crash is noticed at once (the child's exit);
 - either way the steps since the last save are re-run. A fault is equally likely anywhere
   in a save interval, so the expected loss is half an interval (``loss="expected"``), and at
@@ -43,6 +47,48 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of the projection and where it comes from: ``measured`` (by whom, where),
+    ``cited`` (from what document) or ``assumed`` (and why)."""
+
+    value: float
+    source: Literal["measured", "cited", "assumed"]
+    where: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source, "where": self.where}
+
+
+# Every input, labelled (bench_timeline prints them with the projection).
+INPUTS: dict[str, Input] = {
+    "step_s": Input(850.0, "cited", "SHOPSIMRL.md, Measured: a slime step 750-920 s on average"),
+    "longest_step_s": Input(1589.0, "cited", "SHOPSIMRL.md, Measured: range 445-1589 s"),
+    "rollout_s": Input(290.0, "cited", "SHOPSIMRL.md, Measured: about 290 s of rollout"),
+    "training_s": Input(560.0, "cited", "SHOPSIMRL.md, Measured: about 560 s of training"),
+    "round_walls": Input(25 * HOUR + 20 * 60, "cited", "SHOPSIMRL.md, Measured: 4h37, 10h44, 5h26, 4h33"),
+    "stall_lost_s": Input(5.4 * HOUR, "cited", "SHOPSIMRL.md, Measured: round 1 lost about 5.4 h"),
+    "relaunch_s": Input(52.0, "cited", "SHOPSIMRL.md, Measured: gate to the next slime start 50-55 s"),
+    "save_sync_s": Input(180.0, "assumed", "53 GB (REFERENCE.md) at ~300 MB/s; no save time is measured"),
+    "load_s": Input(180.0, "assumed", "the same 53 GB read back on a relaunch"),
+    "train_lines_per_step": Input(2.0, "assumed", "slime logs each optimizer step; the recipe's "
+                                  "--rollout-batch-size 16 x --n-samples-per-prompt 8 / --global-batch-size 64 "
+                                  "= 2 steps per rollout (SHOPSIMRL.md's recipe)"),
+    "rollout_gap_s": Input(100.0, "assumed", "the longest still gap of a rollout: one generation of up to "
+                           "--rollout-max-response-len 4096 tokens between two ShopSim requests (~40 tok/s); "
+                           "with SGLang's /metrics watched, tokens move within it"),
+    "training_gap_p95_s": Input(650.0, "assumed", "(the slowest step 1589 s - 290 s of rollout) / 2 step lines: "
+                                "the slowest training's longest still gap"),
+    "loading_gap_s": Input(180.0, "assumed", "a launch's longest still gap: the 53 GB checkpoint load (load_s)"),
+    # The blocking part of an async save (Megatron --async-save with --use-persistent-ckpt-worker):
+    # training waits for the copy to host memory; the write runs behind it. ASSUMED until helper
+    # "saves" measures a torch_dist save on a GPU machine (issue 30 item 2) and fills it in here:
+    # set value, source="measured", where="<machine, model, bytes, scaled to 53 GB by bytes>".
+    "async_save_blocking_s": Input(20.0, "assumed", "~13 GB per rank on 4 GPUs copied to host at a few GB/s "
+                                   "plus the save plan; to be replaced by the GPU measurement (issue 30 item 2)"),
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +113,10 @@ class Seed:
     save_cost_s: float = 180.0
     load_cost_s: float = 180.0
     relaunch_s: float = 52.0
+    # Each phase's longest still gap (its p95 in a campaign), what the phase-aware verdict learns.
+    rollout_gap_s: float = INPUTS["rollout_gap_s"].value
+    training_gap_s: float = INPUTS["training_gap_p95_s"].value
+    loading_gap_s: float = INPUTS["loading_gap_s"].value
 
     def fault_free_s(self) -> float:
         """The campaign without the seed's fault losses (what shoprld cannot beat)."""
@@ -84,8 +134,27 @@ class Policy:
     fixed_interval: int = 10000          # the seed's and the recipe's --save-interval
     stall_min_s: float = 1800.0           # train.stall_min
     stall_factor: float = 3.0             # train.stall_factor
+    stall_verdict: Literal["steps", "phases"] = "phases"  # train.stall_verdict
+    phase_factor: float = 3.0             # train.stall_phase_factor
+    quiet_min_s: float = 300.0            # train.stall_quiet_min
+    stall_phase: Literal["loading", "rollout", "training", "saving"] = "training"  # unknown: the slowest
     mtbf_prior_s: float | None = None     # None: the seed's night (its wall / its faults)
     loss: Literal["expected", "worst"] = "expected"
+
+
+def phase_bound(seed: Seed, policy: Policy, phase: str) -> float:
+    """The phase-aware verdict's bound in ``phase``: factor x its longest still gap, at least
+    quiet_min (a save's bytes grow all along: quiet_min)."""
+    gap = {"loading": seed.loading_gap_s, "rollout": seed.rollout_gap_s, "training": seed.training_gap_s,
+           "saving": 0.0}[phase]
+    return max(policy.quiet_min_s, policy.phase_factor * gap)
+
+
+def stall_detect_s(seed: Seed, policy: Policy) -> float:
+    """How long a stall goes on before the verdict, under ``policy``."""
+    if policy.stall_verdict == "phases":
+        return phase_bound(seed, policy, policy.stall_phase)
+    return max(policy.stall_min_s, policy.stall_factor * seed.step_s)
 
 
 def young_daly_steps(save_cost_s: float, mtbf_s: float, step_s: float, steps_per_round: int) -> int:
@@ -121,7 +190,7 @@ def project(seed: Seed, policy: Policy) -> Projection:
     lost_steps = interval / 2 if policy.loss == "expected" else float(interval)
     costs, total = [], seed.fault_free_s() + save_overhead
     for f in seed.faults:
-        detect = max(policy.stall_min_s, policy.stall_factor * seed.step_s) if f.kind == "stall" else 0.0
+        detect = stall_detect_s(seed, policy) if f.kind == "stall" else 0.0
         cost = detect + seed.relaunch_s + seed.load_cost_s + lost_steps * seed.step_s
         total += cost
         costs.append({"round": f.round, "fault": f.kind, "detect_h": round(detect / HOUR, 2),
@@ -131,28 +200,30 @@ def project(seed: Seed, policy: Policy) -> Projection:
                       save_overhead_h=round(save_overhead / HOUR, 2), fault_costs_h=costs)
 
 
-# Megatron's --async-save: training waits only for the copy of the state to host memory; the
-# write runs behind it. Assumed, not measured here: ~13 GB per rank on 4 GPUs copied at a few
-# GB/s plus the save plan, ~20 s. REFERENCE.md lists its known pains (#1908 hang, #2422 tiny
-# shards, the tracker trailing by one interval).
-ASYNC_SAVE_BLOCKING_S = 20.0
+ASYNC_SAVE_BLOCKING_S = INPUTS["async_save_blocking_s"].value
 
 
 def what_it_needs(seed: Seed, target_h: float = 21.0) -> list[dict[str, Any]]:
-    """The projection under each save cost x stall verdict, against ``target_h``: the seed's
-    assumed 3-min synchronous save or an async save's blocking copy; a stall declared after
-    k x the median step (the recipe's k = 3) or after the slowest step ever measured (the
-    least a verdict from step lines alone can wait without killing a healthy slow step)."""
+    """The projection under each save cost x stall verdict, against ``target_h``: the assumed
+    3-min synchronous save or an async save's blocking part (``INPUTS``); the older verdict
+    (k = 3 x the median step), the phase-aware one with the stall in each phase (training's is
+    the projection's own: the seed's stall's phase is unknown), and a verdict at once (the floor
+    no verdict can beat: what is left is the saves, the relaunch, the load and the re-run)."""
     rows = []
-    for save_name, cost in (("sync 3 min (assumed)", seed.save_cost_s), ("async, ~20 s blocking (assumed)",
-                                                                       ASYNC_SAVE_BLOCKING_S)):
-        for stall_name, detect in (("k = 3 x median step", 3 * seed.step_s),
-                                   ("the slowest step measured", seed.longest_step_s)):
-            p = project(dataclasses.replace(seed, save_cost_s=cost),
-                        Policy(saves="adaptive", stall_min_s=detect, stall_factor=0.0))
+    async_in = INPUTS["async_save_blocking_s"]
+    for save_name, cost in (("sync 3 min (assumed)", seed.save_cost_s),
+                            (f"async, {async_in.value:g} s blocking ({async_in.source})", async_in.value)):
+        saved = dataclasses.replace(seed, save_cost_s=cost)
+        verdicts: list[tuple[str, Policy]] = [
+            ("steps: k = 3 x median step", Policy(stall_verdict="steps")),
+            *((f"phases: hang in {ph}", Policy(stall_phase=ph)) for ph in ("training", "loading", "rollout")),
+            ("at once (the floor)", Policy(stall_verdict="steps", stall_min_s=0.0, stall_factor=0.0)),
+        ]
+        for stall_name, pol in verdicts:
+            p = project(saved, pol)
             rows.append({"save": save_name, "save_blocking_s": cost, "stall_verdict": stall_name,
-                         "stall_detect_s": detect, "interval_steps": p.interval_steps, "hours": p.hours,
-                         "meets": p.hours <= target_h})
+                         "stall_detect_s": stall_detect_s(saved, pol), "interval_steps": p.interval_steps,
+                         "hours": p.hours, "meets": p.hours <= target_h})
     return rows
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.projection import HOUR, Fault, Policy, Seed, project, replay_floor, what_it_needs, young_daly_steps
+from tests.bench.projection import (HOUR, INPUTS, Fault, Policy, Seed, phase_bound, project, replay_floor, stall_detect_s,
+                                    what_it_needs, young_daly_steps)
 
 
 def test_fault_free_seed_is_its_wall_minus_the_stall() -> None:
@@ -35,7 +36,7 @@ def test_no_faults_costs_only_the_extra_saves() -> None:
 def test_stall_costs_detection_relaunch_and_half_an_interval() -> None:
     """A stall costs max(stall_min, k x step) + relaunch + load + half an interval of steps (expected)."""
     seed = Seed(round_wall_s=(10 * HOUR,), faults=(Fault("stall", 0, 3 * HOUR),))
-    p = project(seed, Policy(saves="fixed", fixed_interval=4, stall_min_s=600, stall_factor=3))
+    p = project(seed, Policy(saves="fixed", fixed_interval=4, stall_min_s=600, stall_factor=3, stall_verdict="steps"))
     cost = 3 * 850 + 52 + 180 + 2 * 850
     assert p.fault_costs_h[0]["hours"] == round(cost / HOUR, 2)
     assert p.hours == round((7 * HOUR + 4 * 180 + cost) / HOUR, 2)  # 5 saves a round, 4 extra
@@ -57,15 +58,33 @@ def test_adaptive_beats_fixed_on_the_seed_night() -> None:
 
 
 def test_what_21h_needs_is_the_projection_under_cheaper_saves_and_quicker_verdicts() -> None:
-    """Four rows (sync/async save x k-median/slowest-step verdict); the first is the recipe's
-    projection itself, and each cheaper assumption never costs more hours."""
+    """Ten rows (sync/async save x the older verdict, the phase verdict in training, loading and
+    rollout, and a verdict at once); the sync/training row is the recipe's projection itself,
+    each quicker verdict never costs more hours, and a cheaper save is taken more often."""
     rows = what_it_needs(Seed(), 21.0)
-    assert len(rows) == 4
-    assert rows[0]["hours"] == project(Seed(), Policy(saves="adaptive")).hours
-    assert rows[1]["hours"] <= rows[0]["hours"] and rows[2]["hours"] <= rows[0]["hours"]
-    assert rows[3]["hours"] == min(r["hours"] for r in rows)
+    assert len(rows) == 10
+    assert rows[1]["hours"] == project(Seed(), Policy(saves="adaptive")).hours
+    assert rows[0]["hours"] == project(Seed(), Policy(saves="adaptive", stall_verdict="steps")).hours
+    for half in (rows[:5], rows[5:]):
+        hours = [r["hours"] for r in half]
+        assert hours == sorted(hours, reverse=True)  # each verdict quicker than the one before
+        assert half[-1]["stall_detect_s"] == 0.0
     assert all(r["meets"] == (r["hours"] <= 21.0) for r in rows)
-    assert rows[2]["interval_steps"] < rows[0]["interval_steps"]  # a cheaper save: saved more often
+    assert rows[5]["interval_steps"] < rows[0]["interval_steps"]  # a cheaper save: saved more often
+
+
+def test_phase_bounds_from_the_labelled_inputs() -> None:
+    """factor 3 x each phase's longest still gap, at least 5 min: training (1589 - 290) / 2 x 3 =
+    1948.5 s -> 650 s x 3; loading 3 x 180 s; rollout 3 x 100 s = the 5-min minimum; saving 5 min."""
+    seed, pol = Seed(), Policy()
+    assert phase_bound(seed, pol, "training") == 1950.0
+    assert phase_bound(seed, pol, "loading") == 540.0
+    assert phase_bound(seed, pol, "rollout") == 300.0
+    assert phase_bound(seed, pol, "saving") == 300.0
+    assert stall_detect_s(seed, pol) == 1950.0  # the seed's stall: phase unknown, the slowest
+    assert stall_detect_s(seed, Policy(stall_verdict="steps")) == 2550.0
+    assert {i.source for i in INPUTS.values()} <= {"measured", "cited", "assumed"}
+    assert all(i.where for i in INPUTS.values())
 
 
 def test_replay_floor_is_the_best_whole_step_interval() -> None:
