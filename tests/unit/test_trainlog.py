@@ -62,7 +62,7 @@ def test_other_lines_are_not_metrics() -> None:
 
 
 def test_the_stand_in_trainer_lines_are_read(tmp_path: Path) -> None:
-    """The stand-in's JSON lines, written by the stand-in itself: reward per rollout, step time."""
+    """The stand-in's JSON lines, written by the stand-in itself: reward per rollout, step time, loss per step."""
     save = tmp_path / "save"
     env = {"PATH": "/usr/bin:/bin", "WANDB_API_KEY": "k" * 40, "DEMO_STEP_SECONDS": "0"}
     res = subprocess.run([sys.executable, "run/demo/slime_train.py", "--save", str(save), "--num-rollout", "4",
@@ -71,8 +71,10 @@ def test_the_stand_in_trainer_lines_are_read(tmp_path: Path) -> None:
     log = tmp_path / "r000-train.log"
     log.write_text(res.stdout)
     curves = trainlog.read_curves(log)
-    assert curves is not None and curves.lines == 8, res.stdout + res.stderr
+    # Per rollout: its data line and its perf line; per optimizer step (2 a rollout): a step line.
+    assert curves is not None and curves.lines == 16, res.stdout + res.stderr
     assert sorted(curves.rollout["rollout/reward"]) == [0, 1, 2, 3]
+    assert sorted(curves.step["train/loss"]) == list(range(8))
     assert sorted(curves.rollout["perf/step_time"]) == [0, 1, 2, 3]
     assert "rollout/num_rollout" not in curves.rollout  # a counter, not a curve
 
