@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.paths import round_id as round_id  # re-exported: stages and commands name it here
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.records.paths import round_id as round_id  # re-exported: stages and commands name it here
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.services.processes import Child, Clock, Launcher, SystemClock
 from shoprld.daemon.round.plan import RoundPlan, RoundValues, read_json
-from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.config.secrets import Secrets
 
 if TYPE_CHECKING:
     import httpx

@@ -17,11 +17,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from shoprld.daemon.foundation import hfexport
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.storage import hfexport
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.round import saves
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.records.store import atomic_write_json
 
 from .base import Outcome, RoundContext
 

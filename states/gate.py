@@ -2,7 +2,7 @@
 
 Steps 7 and 10-11 of the seed's round. ``analyze`` (started by VAL when the compile is
 overlapped, else here) always exits 0, so ``analysis_summary.json`` is what counts, read by
-the real tool's rules (``daemon/foundation/toolfiles.py``), and only when it is newer than this
+the real tool's rules (``daemon/foundation/tools/files.py``), and only when it is newer than this
 round's TRAIN end (an older one, e.g. from a merged ``runs/``, is archived and analyze reruns): no ``status`` on success; ``failed`` means a
 fallback pool of the current skills and no proposal ledger (the round keeps the previous
 history ledger, and says so); a success-shaped summary with 0 candidates and only analyst
@@ -28,11 +28,11 @@ from pathlib import Path
 import anyio
 
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.retry import may_retry
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import atomic_write_json
-from shoprld.daemon.foundation.toolfiles import Analysis, GateResult, read_analysis, read_gate
-from shoprld.daemon.foundation.toolout import ToolOutputError
+from shoprld.daemon.foundation.system.retry import may_retry
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import atomic_write_json
+from shoprld.daemon.foundation.tools.files import Analysis, GateResult, read_analysis, read_gate
+from shoprld.daemon.foundation.tools.payload import ToolOutputError
 
 from .base import Outcome, RoundContext, ServiceWatch
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import atomic_write, atomic_write_json
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import atomic_write, atomic_write_json
 
 from .base import Outcome, RoundContext, read_json
 

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shoprld.daemon.foundation import retention
-from shoprld.daemon.foundation.bundles import causes_of_round
-from shoprld.daemon.foundation import roundlog
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import Ledger, git_info, make_row, rebuild_from_record
+from shoprld.daemon.foundation.storage import retention
+from shoprld.daemon.foundation.records.bundles import causes_of_round
+from shoprld.daemon.foundation.records import roundlog
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import Ledger, git_info, make_row, rebuild_from_record
 from shoprld.daemon.round import resume
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.config.roles import ChildRole
 
 from .base import Outcome, RoundContext, read_json
 

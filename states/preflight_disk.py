@@ -8,11 +8,11 @@ the campaign and cache layout, the managed ``runs/`` link and the ballast file.
 
 from __future__ import annotations
 
-from shoprld.daemon.foundation.ballast import Ballast
-from shoprld.daemon.foundation.errors import PreflightError
+from shoprld.daemon.foundation.storage.ballast import Ballast
+from shoprld.daemon.foundation.system.errors import PreflightError
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.preflight import budget_for, need_line, volume_problems, real_stack_problems, tmpdir_problems
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.storage.preflight import budget_for, need_line, volume_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.config.roles import ChildRole
 
 from .base import Outcome, RoundContext
 

@@ -8,7 +8,7 @@ state only waits for it to be ready, within ``shopsim.start_timeout``.
 from __future__ import annotations
 
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.config.roles import ChildRole
 
 from .base import Outcome, RoundContext
 

@@ -28,24 +28,24 @@ from pathlib import Path
 
 import anyio
 
-from shoprld.daemon.foundation import bundles
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import logchunks
-from shoprld.daemon.foundation import retention
+from shoprld.daemon.foundation.records import bundles
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.system import logchunks
+from shoprld.daemon.foundation.storage import retention
 from shoprld.daemon.services import gpus
 from shoprld.daemon.round import asyncsave, relaunch, resume, saves
 from shoprld.daemon.services.shopsim import request_log
 from shoprld.daemon.services.stallsignals import PhaseWatch
 from shoprld.daemon.services.commands import port_mismatches
-from shoprld.daemon.foundation.disk import log_says_enospc
-from shoprld.daemon.foundation.errors import PreflightError
+from shoprld.daemon.foundation.storage.disk import log_says_enospc
+from shoprld.daemon.foundation.system.errors import PreflightError
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import atomic_write_json
 from shoprld.daemon.services.processes import Child
 from shoprld.daemon.services.rayjobs import RayJobsError
 from shoprld.daemon.services.shopsim import CLIENT_ROLES
-from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object, require_keys
+from shoprld.daemon.foundation.tools.payload import ToolOutputError, last_json_object, require_keys
 
 from .base import Outcome, RoundContext
 

@@ -7,7 +7,7 @@ before warm-up), and it must report this round's ``weight_version``. The compile
 is on, because the gate needs both results.
 
 ``run`` exits 0 even when episodes failed, so the stage reads ``summary.json`` by the real
-tool's rules (``daemon/foundation/toolfiles.py``): coverage at least ``val.min_coverage`` (default 0.95:
+tool's rules (``daemon/foundation/tools/files.py``): coverage at least ``val.min_coverage`` (default 0.95:
 a few episodes that exhaust their 3 attempts do not rerun the whole split, the gate drops
 them as the real loop does; the coverage goes to the journal and the ledger), made with
 this round's weights (the real summary has no ``weight_version``: then newer than the
@@ -28,10 +28,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import atomic_write_json
-from shoprld.daemon.foundation.toolfiles import BareSummary, read_bare_summary
-from shoprld.daemon.foundation.toolout import ToolOutputError
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import atomic_write_json
+from shoprld.daemon.foundation.tools.files import BareSummary, read_bare_summary
+from shoprld.daemon.foundation.tools.payload import ToolOutputError
 
 from .base import Outcome, RoundContext, ServiceWatch
 
@@ -46,7 +46,7 @@ def _run_dir(ctx: RoundContext) -> Path:
 def _judge(ctx: RoundContext) -> tuple[BareSummary | None, str | None]:
     """The bare summary and why it does not do for this round (None when it does).
 
-    Read by the real tool's rules (``daemon/foundation/toolfiles.py``): ``counts.coverage`` at least
+    Read by the real tool's rules (``daemon/foundation/tools/files.py``): ``counts.coverage`` at least
     ``val.min_coverage`` (the real loop never checks it and the gate drops unpaired episodes,
     so a few exhausted episodes pass), for this round's weights.
     """

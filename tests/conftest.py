@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # -- the short /tmp links a session's campaigns leave ---------------------------------------------
 # A campaign with a long experiment path gets /tmp/shoprld-{tmp,ray}-<hash> links to its tmp and
-# ray dirs (AF_UNIX paths: foundation/layout.py). A campaign that ends DONE or is cleaned removes
+# ray dirs (AF_UNIX paths: foundation/records/layout.py). A campaign that ends DONE or is cleaned removes
 # its own; one a test kills, refuses or only lays out keeps them, and they dangle once pytest
 # prunes its old temp dirs. At the session's end remove those that point into this session's
 # temp dir: never another session's (each has its own basetemp), never anything else.

@@ -199,7 +199,7 @@ class CmdlineSampler(threading.Thread):
 LOCK_HOLDER = """
 import sys
 from pathlib import Path
-from shoprld.daemon.foundation.store import Store
+from shoprld.daemon.foundation.records.store import Store
 Store(Path(sys.argv[1])).acquire_lock()
 print("ready", flush=True)
 sys.stdin.read()

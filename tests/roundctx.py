@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.processes import Child, Launcher, LocalLauncher, SystemClock
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.services.shopsim import ShopsimService

@@ -17,7 +17,7 @@ and exponential backoff. Nothing a receiver does can take the daemon down or hol
   answer is closed unread (the connection is dropped, not drained);
 - every exception of a delivery (an httpx error, a URL or header httpx refuses, anything)
   ends as one ``notify.failed`` journal line with its class, and the worker goes on. The URL
-  and token are checked before any page (daemon/foundation/endpoints.py, at check, run and
+  and token are checked before any page (daemon/foundation/config/endpoints.py, at check, run and
   reload), so those should not happen; this is the belt to that brace.
 
 A message that still fails is journaled (``notify.failed``), listed in ``alerts.json``'s
@@ -67,11 +67,11 @@ import httpx
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shoprld.daemon.foundation.configsections import NotifyEndpoint, NotifySection
-from shoprld.daemon.foundation.errors import PreflightError
-from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.foundation.secrets import Redactor, Secrets
-from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
+from shoprld.daemon.foundation.config.configsections import NotifyEndpoint, NotifySection
+from shoprld.daemon.foundation.system.errors import PreflightError
+from shoprld.daemon.foundation.records.paths import round_id
+from shoprld.daemon.foundation.config.secrets import Redactor, Secrets
+from shoprld.daemon.foundation.records.store import ROUND_DONE_EVENT, atomic_write_json
 
 DEDUPE_FILE = "alerts.json"
 # alerts.json is a few KiB; a bigger one is not ours (rebuilt, never read whole).

@@ -15,11 +15,11 @@ from typing import Any
 
 import structlog
 
-from shoprld.daemon.foundation import bundles
-from shoprld.daemon.foundation import causes
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.foundation.secrets import Redactor
+from shoprld.daemon.foundation.records import bundles
+from shoprld.daemon.foundation.tools import causes
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.paths import round_id
+from shoprld.daemon.foundation.config.secrets import Redactor
 
 log = structlog.get_logger("shoprld.engine")
 

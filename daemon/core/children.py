@@ -19,10 +19,10 @@ from typing import Any
 
 import structlog
 
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.proctable import environ, pids
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.system.proctable import environ, pids
 from shoprld.daemon.round.plan import RoundValues
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.services.processes import CHILD_TAG, Child, ChildRecord, Launcher, pid_alive, proc_start_ticks
 from shoprld.daemon.services.shopsim import ShopsimService
 from shoprld.daemon.core.crashpoints import maybe_die

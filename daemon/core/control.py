@@ -44,10 +44,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, ConfigError, LockError, ShoprldError
-from shoprld.daemon.foundation.paths import QuickConfigError, quick_read, state_dir_from_toml
-from shoprld.daemon.foundation.status import probe_lock
-from shoprld.daemon.foundation.store import DAEMON_RECORD, LOCK_FILE, PID_FILE, SOCKET_FILE, proc_identity
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, ConfigError, LockError, ShoprldError
+from shoprld.daemon.foundation.records.paths import QuickConfigError, quick_read, state_dir_from_toml
+from shoprld.daemon.foundation.records.status import probe_lock
+from shoprld.daemon.foundation.records.store import DAEMON_RECORD, LOCK_FILE, PID_FILE, SOCKET_FILE, proc_identity
 
 STOP_MODES = ("now", "checkpoint", "round")
 COMMANDS = ("status", "stop")

@@ -15,11 +15,11 @@ from typing import Any
 import structlog
 from anyio.abc import ObjectSendStream
 
-from shoprld.daemon.foundation import disk, diskbudget, retention
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import DiskSection
-from shoprld.daemon.foundation.reclaim import clear_dir_contents
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import disk, diskbudget, retention
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import DiskSection
+from shoprld.daemon.foundation.storage.reclaim import clear_dir_contents
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round import resume
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.core.events import DiskLevelChanged, Event

@@ -47,16 +47,16 @@ from shoprld.daemon.core.attempts import Attempts
 from shoprld.daemon.core.children import Children, TaggingLauncher
 from shoprld.daemon.core.crashpoints import maybe_die, maybe_raise
 from shoprld.daemon.core.diskwatch import DiskWatch
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation import disk as diskmod
-from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_DISK, EXIT_OK, NoSpace, PreflightError, ShoprldError
-from shoprld.daemon.foundation.identity import ensure, expected
-from shoprld.daemon.foundation.outputs import campaign_files
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.storage import disk as diskmod
+from shoprld.daemon.foundation.system.errors import EXIT_BUG, EXIT_DISK, EXIT_OK, NoSpace, PreflightError, ShoprldError
+from shoprld.daemon.foundation.records.identity import ensure, expected
+from shoprld.daemon.foundation.records.outputs import campaign_files
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.core.events import (CheckpointCommitted, DiskLevelChanged, Event, HygieneFound, RetryDue,
                                         SignalReceived, StageOutcome, StopRequested, TaskFailed)
-from shoprld.daemon.foundation.logs import add_file_handler
-from shoprld.daemon.foundation.paths import round_id
+from shoprld.daemon.foundation.system.logs import add_file_handler
+from shoprld.daemon.foundation.records.paths import round_id
 from shoprld.daemon.round.machine import (END_ACTIONS, RETRY, WORKING_STATES, Counters, Deadline, Decision, Enter,
                                          Exit, Machine, Occurrence, Retry, RetryPolicy, State, decide)
 from shoprld.daemon.core.metrics import HEARTBEAT_S as METRICS_HEARTBEAT_S, TextfileMetrics
@@ -68,11 +68,11 @@ from shoprld.daemon.core.snapshot import Live, Snapshot
 from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.ray import build_launcher
 from shoprld.daemon.round.plan import RoundPlan, demo_dir
-from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.foundation.statefiles import state_dir_problems
+from shoprld.daemon.foundation.config.secrets import Secrets
+from shoprld.daemon.foundation.records.statefiles import state_dir_problems
 from shoprld.daemon.services.shopsim import ShopsimService
 from shoprld.daemon.services.valserver import ValServerService
-from shoprld.daemon.foundation.store import SOCKET_FILE, Store
+from shoprld.daemon.foundation.records.store import SOCKET_FILE, Store
 
 log = structlog.get_logger("shoprld.engine")
 # How long the daemon waits at exit for queued notifications (the final "done"/"failed").

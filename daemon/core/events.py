@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from shoprld.daemon.foundation.disk import LEVEL_EVENTS, Level
-from shoprld.daemon.foundation.errors import ShoprldError
+from shoprld.daemon.foundation.storage.disk import LEVEL_EVENTS, Level
+from shoprld.daemon.foundation.system.errors import ShoprldError
 from shoprld.daemon.round.machine import State, StopMode
 
 if TYPE_CHECKING:  # states import the daemon's foundations; only the type is needed here

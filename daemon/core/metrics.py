@@ -51,7 +51,7 @@ from typing import Any
 
 import structlog
 
-from shoprld.daemon.foundation.outputs import OutputPathError, Protected, resolve_output, write_output
+from shoprld.daemon.foundation.records.outputs import OutputPathError, Protected, resolve_output, write_output
 from shoprld import __version__
 
 log = structlog.get_logger("shoprld.metrics")

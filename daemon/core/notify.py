@@ -28,8 +28,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor
-from shoprld.daemon.foundation.units import human_bytes, round_label
+from shoprld.daemon.foundation.config.secrets import NO_REDACTION, Redactor
+from shoprld.daemon.foundation.system.units import human_bytes, round_label
 
 # systemd shows STATUS= on one line; keep it readable in `systemctl status`.
 MAX_STATUS_LEN = 200

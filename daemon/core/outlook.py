@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shoprld.daemon.foundation.units import human_bytes, human_duration, round_label
+from shoprld.daemon.foundation.system.units import human_bytes, human_duration, round_label
 
 EVENT = "plan.next_round_wont_fit"
 

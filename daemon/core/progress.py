@@ -17,11 +17,11 @@ import structlog
 
 from shoprld.states import base, next_round
 
-from shoprld.daemon.foundation import causes
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import ROW_KEY
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import ROUND_DONE_EVENT, atomic_write_json
+from shoprld.daemon.foundation.tools import causes
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import ROW_KEY
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import ROUND_DONE_EVENT, atomic_write_json
 from shoprld.daemon.round.machine import ROUND_STATES, State
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.core.attempts import Attempts
@@ -157,7 +157,7 @@ class Progress:
             self.view.state_data["round_durations"][str(r)] = duration
         # The round's facts, written once (store.py: journal, then rounds.jsonl, then the cursor).
         # The record holds the round's ledger row too: the ledger in the repo is rebuilt from it
-        # when git takes it away (foundation/ledger.py). Not in the snapshot: it stays small.
+        # when git takes it away (foundation/records/ledger.py). Not in the snapshot: it stays small.
         row = next_round.ledger(ctx).row(r)
         record = {**done[-1], ROW_KEY: row} if row is not None else done[-1]
         self.view.journal(ROUND_DONE_EVENT, sync=False, **record)

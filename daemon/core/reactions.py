@@ -16,10 +16,10 @@ import time
 
 import structlog
 
-from shoprld.daemon.foundation import disk as diskmod
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation import retention
-from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.storage import disk as diskmod
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.storage import retention
+from shoprld.daemon.foundation.config.config import Config
 from shoprld.daemon.round import resume
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.round.machine import WORKING_STATES, Occurrence, Machine, State, StopMode

@@ -17,10 +17,10 @@ from typing import Any
 
 import structlog
 
-from shoprld.daemon.foundation import disk as diskmod
-from shoprld.daemon.foundation.ballast import Ballast
-from shoprld.daemon.foundation.errors import EXIT_DISK, EXIT_OK
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import disk as diskmod
+from shoprld.daemon.foundation.storage.ballast import Ballast
+from shoprld.daemon.foundation.system.errors import EXIT_DISK, EXIT_OK
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.machine import END_ACTIONS, Decision, Exit, Fail, Finish, Park, State, Stop
 from shoprld.daemon.services.processes import Clock
 from shoprld.daemon.core.children import Children

@@ -8,7 +8,7 @@ them into the journal's lines (``journal``), state.json (``persist``, through th
 journal first), status.json plus the metrics textfile (``write_status``), and the
 operator's notifications about now (``alert``: the view's round, state and last failure
 ride along). It writes nothing itself: every file goes through the store
-(daemon/foundation/store.py), the metrics writer (daemon/core/metrics.py) or alerts.py.
+(daemon/foundation/records/store.py), the metrics writer (daemon/core/metrics.py) or alerts.py.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import Any
 
 import structlog
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configvalues import resolve_deadline
-from shoprld.daemon.foundation.preflight import forecast_for
-from shoprld.daemon.foundation.roundlog import ROW_KEY, STATUS_RECENT_ROUNDS
-from shoprld.daemon.foundation.secrets import Redactor
-from shoprld.daemon.foundation.status import unsaved_progress
-from shoprld.daemon.foundation.store import Store
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configvalues import resolve_deadline
+from shoprld.daemon.foundation.storage.preflight import forecast_for
+from shoprld.daemon.foundation.records.roundlog import ROW_KEY, STATUS_RECENT_ROUNDS
+from shoprld.daemon.foundation.config.secrets import Redactor
+from shoprld.daemon.foundation.records.status import unsaved_progress
+from shoprld.daemon.foundation.records.store import Store
 from shoprld.daemon.core.alerts import Alerts
 from shoprld.daemon.core.crashpoints import maybe_die
 from shoprld.daemon.core.metrics import TextfileMetrics
@@ -266,7 +266,7 @@ class Snapshot:
         self._warn_plan()
         try:
             # The newest rounds only: status.json keeps its size; `shoprld status` reads every
-            # round from rounds.jsonl (daemon/foundation/roundlog.py).
+            # round from rounds.jsonl (daemon/foundation/records/roundlog.py).
             self.store.write_status({**doc, "rounds_done": doc["rounds_done"][-STATUS_RECENT_ROUNDS:]})
         except OSError as exc:
             log.warning("status.write_failed", error=str(exc))

@@ -20,17 +20,17 @@ import structlog
 from anyio.abc import ObjectSendStream
 from pydantic import BaseModel
 
-from shoprld.daemon.foundation import ckptwatch
+from shoprld.daemon.foundation.storage import ckptwatch
 
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import Secrets, load_secrets
-from shoprld.daemon.foundation.status import save_is_near, stop_cost_line, waiting_for_save_line
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.records.status import save_is_near, stop_cost_line, waiting_for_save_line
 from shoprld.daemon.round.machine import STOP_MODES
 from shoprld.daemon.services import hygiene
 from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.core.control import ControlServer
-from shoprld.daemon.foundation.errors import ShoprldError
+from shoprld.daemon.foundation.system.errors import ShoprldError
 from shoprld.daemon.core.events import CheckpointCommitted, Event, HygieneFound, SignalReceived, StopRequested
 from shoprld.daemon.core.notify import Notifier
 

@@ -17,10 +17,10 @@ import structlog
 
 from shoprld.states import base, export_hf, gate, inject, next_round, preflight_disk, start_shopsim, train, val
 
-from shoprld.daemon.foundation import disk as diskmod
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.errors import ShoprldError
+from shoprld.daemon.foundation.storage import disk as diskmod
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.system.errors import ShoprldError
 from shoprld.daemon.round.machine import ROUND_STATES, State
 from shoprld.daemon.core.children import Children
 

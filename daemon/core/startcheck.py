@@ -5,18 +5,18 @@ its machine checks).
 :func:`start_problems` is what ``run`` refuses before anything starts (exit 3) and what a
 reload refuses whole (the running config stays): the layout and command validation shared
 with ``check`` (daemon/services/validate.py), the secrets the config needs, the notify
-endpoints' URLs and tokens (daemon/foundation/endpoints.py) and the ``[metrics]`` extra.
+endpoints' URLs and tokens (daemon/foundation/config/endpoints.py) and the ``[metrics]`` extra.
 """
 
 from __future__ import annotations
 
 from shoprld.daemon.core.metrics import extras_problem, textfile_problem
-from shoprld.daemon.foundation.outputs import campaign_files
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.endpoints import endpoint_problems
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import Secrets
+from shoprld.daemon.foundation.records.outputs import campaign_files
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.endpoints import endpoint_problems
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import Secrets
 from shoprld.daemon.services.validate import Problem, problems as validation_problems
 
 

@@ -29,13 +29,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
 from shoprld.daemon.round.plan import RoundPlan
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.errors import EXIT_OK
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.outputs import Protected, campaign_files, resolve_output, write_output
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.system.errors import EXIT_OK
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.outputs import Protected, campaign_files, resolve_output, write_output
 from shoprld.daemon.ops.oneshot import (
     ROLLOUT_SAMPLES,
     Campaign,
@@ -46,10 +46,10 @@ from shoprld.daemon.ops.oneshot import (
     read_json,
     refuse_if_running,
 )
-from shoprld.daemon.foundation.paths import tree_bytes
+from shoprld.daemon.foundation.records.paths import tree_bytes
 from shoprld.daemon.ops.record import envinfo_doc, git_doc
-from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
-from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE
+from shoprld.daemon.foundation.records.roundlog import ROUNDS_FILE
+from shoprld.daemon.foundation.records.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE
 
 BUNDLE_FORMAT = "shoprld-move-v1"
 BUNDLE_TOP = "shoprld-move"

@@ -26,20 +26,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import identity
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.records import identity
 from shoprld.daemon.ops.campaignexport import BUNDLE_FORMAT, BUNDLE_TOP, SMALL_SUFFIXES
-from shoprld.daemon.foundation.config import PATH_KEYS, Config, config_from_dict
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.errors import EXIT_OK
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import COLUMNS, format_rows, parse_rows
-from shoprld.daemon.foundation.outputs import write_output
+from shoprld.daemon.foundation.config.config import PATH_KEYS, Config, config_from_dict
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.system.errors import EXIT_OK
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import COLUMNS, format_rows, parse_rows
+from shoprld.daemon.foundation.records.outputs import write_output
 from shoprld.daemon.ops.oneshot import LifecycleError, OneShotLock, inside_or_equal, refuse_if_running, strictly_inside
-from shoprld.daemon.foundation.paths import default_state_dir
-from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
-from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE, atomic_write
-from shoprld.daemon.foundation.tomlwrite import dump_toml
+from shoprld.daemon.foundation.records.paths import default_state_dir
+from shoprld.daemon.foundation.records.roundlog import ROUNDS_FILE
+from shoprld.daemon.foundation.records.store import JOURNAL_FILE, STATE_FILE, STATUS_FILE, atomic_write
+from shoprld.daemon.foundation.config.tomlwrite import dump_toml
 
 
 class Repointer:

@@ -12,27 +12,27 @@ import time
 from pathlib import Path
 
 from shoprld.daemon.services.commands import ANALYST_CONFIG, analyst_config_mismatches, describe_commands, shopsim_exposure_warning
-from shoprld.daemon.foundation.bundles import py_spy_binary
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.diskcheck import PreflightProblem
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.statefiles import state_dir_problems
-from shoprld.daemon.foundation.envinfo import gpu_count_check, gpu_report, list_gpu_indices, stage_env_versions
+from shoprld.daemon.foundation.records.bundles import py_spy_binary
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.storage.diskcheck import PreflightProblem
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.statefiles import state_dir_problems
+from shoprld.daemon.foundation.system.envinfo import gpu_count_check, gpu_report, list_gpu_indices, stage_env_versions
 from shoprld.daemon.services.gpucontainer import mode_line
 from shoprld.daemon.services.gpuprobes import nvml_gpu_indices
 from shoprld.daemon.services.gpus import build_probe
 from shoprld.daemon.services.hygiene import lines, scan_repo
 from shoprld.daemon.services.argpaths import argument_problems
 from shoprld.daemon.services.boxcheck import box_lines, box_refusals
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.placeholders import PLACEHOLDERS
-from shoprld.daemon.foundation.preflight import budget_for, df_text, need_line, volume_problems, real_stack_problems, tmpdir_problems
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.placeholders import PLACEHOLDERS
+from shoprld.daemon.foundation.storage.preflight import budget_for, df_text, need_line, volume_problems, real_stack_problems, tmpdir_problems
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.core.startcheck import start_problems
 from shoprld.daemon.round import asyncsave
 from shoprld.daemon.round.saves import describe as describe_saves
 from shoprld.daemon.round.saves import plan as plan_saves
-from shoprld.daemon.foundation.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.config.secrets import Secrets, load_secrets
 from shoprld.daemon.services.validate import Problem
 from shoprld.daemon.services.validate import problems as validation_problems
 

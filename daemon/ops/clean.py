@@ -2,7 +2,7 @@
 
 A finished or abandoned campaign leaves tens of GB per checkpoint on ``/ephemeral``.
 :func:`cleanup_for` lists exactly what may go, all of it derived from the campaign's
-:class:`~shoprld.daemon.foundation.layout.Layout`:
+:class:`~shoprld.daemon.foundation.records.layout.Layout`:
 
 - the Megatron checkpoints (with ``--keep-final``: all but the newest committed one, whose
   tracker and slime data-sampler state stay with it, so the campaign can still resume);
@@ -15,7 +15,7 @@ Every candidate is refused (listed, never touched) unless its realpath lies stri
 realpath(campaign root), is not the shared cache (or above or below it), does not contain a
 path that must stay (the experiment dir, its logs, artifacts and runs, the state dir, the
 repo), and belongs to the campaign root's owner. Deletion goes through
-:func:`shoprld.daemon.foundation.reclaim.clear_dir_contents`, which walks by directory fd without
+:func:`shoprld.daemon.foundation.storage.reclaim.clear_dir_contents`, which walks by directory fd without
 following symlinks and never enters another filesystem. Logs, decision records, the small
 ``runs/`` files, the ledger and the state dir are kept.
 
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
 from shoprld.daemon.round.plan import RoundPlan
-from shoprld.daemon.foundation import retention
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.reclaim import clear_dir_contents
-from shoprld.daemon.foundation.errors import EXIT_OK
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import retention
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.storage.reclaim import clear_dir_contents
+from shoprld.daemon.foundation.system.errors import EXIT_OK
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.oneshot import (
     ROLLOUT_SAMPLES,
     OneShotLock,
@@ -54,10 +54,10 @@ from shoprld.daemon.ops.oneshot import (
     refuse_if_running,
     strictly_inside,
 )
-from shoprld.daemon.foundation.paths import tree_bytes
+from shoprld.daemon.foundation.records.paths import tree_bytes
 from shoprld.daemon.ops.record import record_dir, write_record
-from shoprld.daemon.foundation.secrets import RedactingStream, Secrets
-from shoprld.daemon.foundation.store import STATE_FILE, atomic_write
+from shoprld.daemon.foundation.config.secrets import RedactingStream, Secrets
+from shoprld.daemon.foundation.records.store import STATE_FILE, atomic_write
 
 _ITER_DIR = re.compile(r"iter_(\d{7,})")
 

@@ -39,7 +39,7 @@ from typing import Any  # noqa: E402
 
 from shoprld import __version__  # noqa: E402  (the package: already imported)
 
-from shoprld.daemon.foundation.errors import EXIT_BUG, EXIT_OK, EXIT_PIPE, EXIT_USAGE, ConfigError, ShoprldError  # noqa: E402
+from shoprld.daemon.foundation.system.errors import EXIT_BUG, EXIT_OK, EXIT_PIPE, EXIT_USAGE, ConfigError, ShoprldError  # noqa: E402
 
 DEFAULT_CONFIG = "campaign.toml"
 
@@ -292,7 +292,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 def _oneshot_logs(args: argparse.Namespace) -> None:
     """One-shot commands print their own report: library events from WARNING only, on stderr."""
-    from shoprld.daemon.foundation.logs import configure  # lazy: the status path stays on the stdlib
+    from shoprld.daemon.foundation.system.logs import configure  # lazy: the status path stays on the stdlib
 
     configure(level="DEBUG" if args.debug else "WARNING", stream=sys.stderr)
 

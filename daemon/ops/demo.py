@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from shoprld.daemon.ops.run import run_campaign
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.roundlog import read as read_rounds
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.roundlog import read as read_rounds
 from shoprld.daemon.round.plan import demo_dir
-from shoprld.daemon.foundation.units import round_label
+from shoprld.daemon.foundation.system.units import round_label
 
 FAKE_ENV = (
     "# Demo secrets: obviously fake values. The demo's trainer stand-in checks that\n"

@@ -6,8 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.outputs import write_output
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.outputs import write_output
 
 TEMPLATE = '''\
 # shoprld campaign file. Validate with `shoprld check -c THIS_FILE`.

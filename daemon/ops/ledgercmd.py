@@ -1,4 +1,4 @@
-"""The ``shoprld ledger`` command: the campaign's ledger (daemon/foundation/ledger.py) as the
+"""The ``shoprld ledger`` command: the campaign's ledger (daemon/foundation/records/ledger.py) as the
 TSV (piped), a table (terminal) or a JSON list. Reads only; rich only for a terminal."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import COLUMNS, Ledger, format_rows
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import COLUMNS, Ledger, format_rows
 
 # Columns worth a terminal's width; --json and the piped TSV carry all of them.
 _TTY_COLUMNS = ("index", "status", "metric_name", "metric_value", "elapsed_min", "memory_gb", "branch", "commit",

@@ -29,12 +29,12 @@ from pathlib import Path
 import anyio
 
 from shoprld.daemon.core.alerts import Alerts
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.endpoints import endpoint_problems
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_OK, ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import load_secrets
-from shoprld.daemon.foundation.status import collect
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.config.endpoints import endpoint_problems
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import load_secrets
+from shoprld.daemon.foundation.records.status import collect
 
 TEST_MARKER = "[test]"
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, LockError, ShoprldError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import NO_REDACTION, Redactor, Secrets, load_secrets
-from shoprld.daemon.foundation.status import probe_lock
-from shoprld.daemon.foundation.store import LOCK_FILE, Store
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, LockError, ShoprldError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import NO_REDACTION, Redactor, Secrets, load_secrets
+from shoprld.daemon.foundation.records.status import probe_lock
+from shoprld.daemon.foundation.records.store import LOCK_FILE, Store
 
 # slime's rollout samples under runs/: heavy; clean deletes them and a bundle leaves them out.
 ROLLOUT_SAMPLES = "slime-training"

@@ -23,16 +23,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import envinfo
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.system import envinfo
 from shoprld.daemon.services.commands import describe_commands
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import Ledger, format_rows, git_info
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import Ledger, format_rows, git_info
 from shoprld.daemon.ops.oneshot import Campaign, read_json
 from shoprld.daemon.round.plan import RoundPlan, resolve
-from shoprld.daemon.foundation.store import STATE_FILE, Store
+from shoprld.daemon.foundation.records.store import STATE_FILE, Store
 
 RECORD_ROOT = "reports/shoprld"
 # The per-round result files the record keeps (relative to runs/), as tests/demotree reads them.

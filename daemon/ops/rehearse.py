@@ -53,14 +53,14 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from shoprld.daemon.foundation.config import Config, load_config
+from shoprld.daemon.foundation.config.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.foundation.errors import EXIT_OK, EXIT_STAGE, LockError, ShoprldError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.logs import configure
+from shoprld.daemon.foundation.system.errors import EXIT_OK, EXIT_STAGE, LockError, ShoprldError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.system.logs import configure
 from shoprld.daemon.round.plan import demo_dir, resolve
-from shoprld.daemon.foundation.secrets import Secrets, load_secrets
-from shoprld.daemon.foundation.condaenv import activation_argv
+from shoprld.daemon.foundation.config.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.config.condaenv import activation_argv
 from shoprld.daemon.ops.rehearse_judge import (CONTRACT, SECTION, TRAINER, Pass, judge_pass, merge, read_records,
                                               tool_verdicts)
 from shoprld.daemon.services.validate import validate

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.tools.payload import ToolOutputError, last_json_object
 
 CONTRACT = "tools contract"  # ../shared/contracts/shopsimrl-tools.md, the recorded truth about the real tools
 TRAINER = "train.command (slime stand-in)"

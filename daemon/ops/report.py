@@ -11,11 +11,11 @@ import re
 import sys
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.outputs import campaign_files, resolve_output, write_output
-from shoprld.daemon.foundation.paths import quick_read
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.outputs import campaign_files, resolve_output, write_output
+from shoprld.daemon.foundation.records.paths import quick_read
 from shoprld.daemon.ops.reportdata import (FINAL, ReportData, analyse, gather, insane, read_journal,
                                            sane_rounds)
 from shoprld.daemon.ops.reportpage import (INSTALL_HINT, MARKS, PLOTS, STATE_COLOURS, ReportExtraMissing,

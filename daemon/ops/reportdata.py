@@ -38,14 +38,14 @@ from typing import Any
 
 from shoprld import __version__
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.configvalues import MAX_ROUNDS
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.ledger import Ledger
-from shoprld.daemon.foundation.secrets import load_secrets
-from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.foundation.status import collect
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.config.configvalues import MAX_ROUNDS
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.ledger import Ledger
+from shoprld.daemon.foundation.config.secrets import load_secrets
+from shoprld.daemon.foundation.records.paths import round_id
+from shoprld.daemon.foundation.records.status import collect
 from shoprld.daemon.ops.trainlog import Curves, read_curves
 
 FINAL = ("DONE", "STOPPED", "FAILED", "PAUSED_DISK")

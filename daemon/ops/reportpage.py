@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.units import human_bytes, human_duration
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.system.units import human_bytes, human_duration
 from shoprld.daemon.ops.reportdata import ReportData, as_int, as_num
 from shoprld.daemon.ops.trainlog import X_ROLLOUT, X_STEP
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import anyio
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.console import Campaign, terminal_mode
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.logs import configure
-from shoprld.daemon.foundation.secrets import load_secrets
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.console import Campaign, terminal_mode
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.system.logs import configure
+from shoprld.daemon.foundation.config.secrets import load_secrets
 from shoprld.daemon.services.processes import Launcher
 from shoprld.daemon.services.boxcheck import box_refusals
 from shoprld.daemon.services.validate import validate
@@ -30,7 +30,7 @@ def run_campaign(config: Path, *, debug: bool = False, wait_for_space: bool = Fa
     """``shoprld run``: load, check secrets, configure logging, run the engine.
 
     The console gets JSON lines when piped or under systemd, the compact view on a
-    terminal, and every event with ``verbose`` or ``debug`` (daemon/foundation/console.py).
+    terminal, and every event with ``verbose`` or ``debug`` (daemon/foundation/system/console.py).
     """
     cfg = load_config(config)
     layout = Layout.from_config(cfg)

@@ -1,7 +1,7 @@
 """The ``shoprld status`` command: the status document as JSON (``--json``, NDJSON with
-``--watch``), or the human view (daemon/foundation/statusview.py) on a terminal or a pipe.
+``--watch``), or the human view (daemon/foundation/records/statusview.py) on a terminal or a pipe.
 
-It reads only what :mod:`shoprld.daemon.foundation.status` reads and writes nothing but
+It reads only what :mod:`shoprld.daemon.foundation.records.status` reads and writes nothing but
 stdout. Like the view, it imports only the standard library at module level: rich only for a
 terminal (the CLI imports this module lazily, so `shoprld status` stays fast).
 """
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation.status import collect
-from shoprld.daemon.foundation.statusview import render_plain, render_rich, view
+from shoprld.daemon.foundation.records.status import collect
+from shoprld.daemon.foundation.records.statusview import render_plain, render_rich, view
 
 
 def _unicode_ok(stream: Any) -> bool:

@@ -49,11 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_OK, ConfigError, ShoprldError
-from shoprld.daemon.foundation.identity import IDENTITY_FILE
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.outputs import campaign_files, write_output
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, EXIT_OK, ConfigError, ShoprldError
+from shoprld.daemon.foundation.records.identity import IDENTITY_FILE
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.outputs import campaign_files, write_output
 from shoprld.daemon.ops.notifytest import SELF_REPORTED, death_words
 
 SYSTEMD_RUNTIME = Path("/run/systemd/system")  # sd_booted(3): this dir exists iff systemd is PID 1

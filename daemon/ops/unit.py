@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.errors import EXIT_OK, ConfigError, ShoprldError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import default_state_dir
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.system.errors import EXIT_OK, ConfigError, ShoprldError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.paths import default_state_dir
 
 UNIT_NAME = "shoprld@.service"
 # Started by the daemon unit's OnFailure=: the `crashed` page once nothing restarts it.

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal, TypeVar
 
-from shoprld.daemon.foundation.causes import NO_THIRD_TRY, Cause
-from shoprld.daemon.foundation.errors import EXIT_GATE, EXIT_OK, EXIT_STAGE
-from shoprld.daemon.foundation.paths import round_id
-from shoprld.daemon.foundation.retry import Backoff, may_retry
+from shoprld.daemon.foundation.tools.causes import NO_THIRD_TRY, Cause
+from shoprld.daemon.foundation.system.errors import EXIT_GATE, EXIT_OK, EXIT_STAGE
+from shoprld.daemon.foundation.records.paths import round_id
+from shoprld.daemon.foundation.system.retry import Backoff, may_retry
 
 
 class State(str, Enum):

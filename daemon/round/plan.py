@@ -42,16 +42,16 @@ from urllib.parse import urlsplit
 
 import shoprld.recipes.demo
 
-from shoprld.daemon.foundation import checkpoints as ckpt
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
 from shoprld.daemon.round import resume, saves
-from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import record_file, round_id
-from shoprld.daemon.foundation.placeholders import expand, expand_vars
-from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.foundation.store import read_json  # noqa: F401  (re-exported: the stages read records with it)
+from shoprld.daemon.foundation.config.condaenv import activation_argv
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.paths import record_file, round_id
+from shoprld.daemon.foundation.config.placeholders import expand, expand_vars
+from shoprld.daemon.foundation.config.secrets import Secrets
+from shoprld.daemon.foundation.records.store import read_json  # noqa: F401  (re-exported: the stages read records with it)
 
 
 RECORD_KINDS = ("round", "sidecar", "export", "val", "gate", "inject", "saves")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation.store import atomic_write_json, read_json
+from shoprld.daemon.foundation.records.store import atomic_write_json, read_json
 
 CHUNK = 1 << 20
 

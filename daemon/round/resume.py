@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shoprld.daemon.foundation.checkpoints import Checkpoint, IterationMapping, Scan
+from shoprld.daemon.foundation.storage.checkpoints import Checkpoint, IterationMapping, Scan
 
 __all__ = [
     "Moment",

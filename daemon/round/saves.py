@@ -60,15 +60,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import logchunks
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import SavesSection
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.paths import record_file, round_id
-from shoprld.daemon.foundation.preflight import budget_for
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.store import Store, atomic_write_json, read_json
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.system import logchunks
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import SavesSection
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.paths import record_file, round_id
+from shoprld.daemon.foundation.storage.preflight import budget_for
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.records.store import Store, atomic_write_json, read_json
 from shoprld.daemon.round import asyncsave, resume
 
 # The trainers' save-timing lines: slime's @timer on save_model (rank 0), and the gpu-smoke

@@ -7,7 +7,7 @@ after its retries, hours into the night. ``shoprld check`` refuses those (NOT RE
 with :func:`argument_problems`.
 
 Which elements are paths (:func:`path_like`), judged after the round's placeholders are filled
-in exactly as a launch fills them (:func:`shoprld.daemon.foundation.placeholders.expand`):
+in exactly as a launch fills them (:func:`shoprld.daemon.foundation.config.placeholders.expand`):
 
 - an absolute path, or one that starts with ``./`` or ``../``;
 - a relative name that ends in a file suffix tools take as input (``.py``, ``.sh``, ``.yaml``,
@@ -39,9 +39,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.placeholders import OPTIONAL_ARGS
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.placeholders import OPTIONAL_ARGS
 from shoprld.daemon.round.plan import RoundPlan, resolve
 from shoprld.daemon.services.shopsim import start_script
 from shoprld.daemon.services.validate import Problem, planned_commands

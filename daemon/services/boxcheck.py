@@ -14,7 +14,7 @@ built on in three quiet ways that each end a night hours in:
   run our trainer in someone else's cluster, with their RAY_TMPDIR and their lifetime. So that
   one is refused (exit 3); the others are named, with their pid and command when visible.
 - The tools' caches default to $HOME and /tmp, the ~30 GB system disk. The layout
-  (daemon/foundation/layout.py, :meth:`Layout.cache_places`) decides where each goes; this
+  (daemon/foundation/records/layout.py, :meth:`Layout.cache_places`) decides where each goes; this
   module only reports it with the free space there.
 
 Every function takes its paths as parameters so tests use a small real tmpfs and ephemeral
@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configvalues import parse_size
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.procnet import cmdline, listeners, socket_owners
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configvalues import parse_size
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.system.procnet import cmdline, listeners, socket_owners
 from shoprld.daemon.services.gpus import Owners, ray_head_sid
 
 Level = Literal["ok", "warning", "refused"]

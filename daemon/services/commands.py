@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.ray import RayLauncher, entrypoint_of, job_env, ray_tmpdir_path
 from shoprld.daemon.round.plan import RoundValues, resolve
-from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS, MASK, Secrets
+from shoprld.daemon.foundation.config.secrets import KNOWN_SECRET_KEYS, MASK, Secrets
 
 
 # -- the trainer as a Ray job --------------------------------------------------------------------

@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from shoprld.daemon.foundation.proctable import pids
+from shoprld.daemon.foundation.system.proctable import pids
 from shoprld.daemon.services.gpuprobes import MIB, GpuProbe, GpuProbeError, GpuProcess
-from shoprld.daemon.foundation.units import human_bytes
+from shoprld.daemon.foundation.system.units import human_bytes
 from shoprld.daemon.services.processes import pid_alive
 
 DEV_PREFIX = "/dev/nvidia"

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.system.errors import ConfigError
 
 MIB = 1024 * 1024
 _SMI_TIMEOUT_S = 30.0

@@ -59,9 +59,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.to_thread
 
-from shoprld.daemon.foundation.proctable import environ, group_pids
-from shoprld.daemon.foundation.roles import ChildRole
-from shoprld.daemon.foundation.units import human_bytes
+from shoprld.daemon.foundation.system.proctable import environ, group_pids
+from shoprld.daemon.foundation.config.roles import ChildRole
+from shoprld.daemon.foundation.system.units import human_bytes
 from shoprld.daemon.services import gpucontainer
 from shoprld.daemon.services.gpuprobes import (
     MIB, AutoProbe, GpuProbe, GpuProbeError, GpuProcess, NoProbe, NvmlProbe, SmiProbe, build_probe, parse_compute_apps,

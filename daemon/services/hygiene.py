@@ -30,8 +30,8 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from shoprld.daemon.foundation.layout import runs_aside
-from shoprld.daemon.foundation.units import human_bytes
+from shoprld.daemon.foundation.records.layout import runs_aside
+from shoprld.daemon.foundation.system.units import human_bytes
 
 DEFAULT_ALLOWED = ("reports/shoprld", ".env")
 CACHE_DIRS = (".cache", "wandb", "__pycache__", ".triton", ".ray", "ray_results", "huggingface", ".huggingface")

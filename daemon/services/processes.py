@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 from anyio.abc import Process
 
-from shoprld.daemon.foundation.proctable import environ, pids
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.system.proctable import environ, pids
+from shoprld.daemon.foundation.config.roles import ChildRole
 
 if TYPE_CHECKING:
     from shoprld.daemon.round.plan import RoundValues

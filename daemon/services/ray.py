@@ -47,8 +47,8 @@ crash appends only what is new.
 
 Ray's sessions: a head of ours writes ``<exp>/ray/ray/session_*`` (every component's log and
 the driver logs) on the experiment's volume; the start and the stop of each head prune them to
-:data:`~shoprld.daemon.foundation.raysessions.SESSIONS_KEPT`, ``<exp>/logs/ray-session`` links
-the live one's logs, and the disk forecast reserves room for them (foundation/raysessions.py).
+:data:`~shoprld.daemon.foundation.storage.raysessions.SESSIONS_KEPT`, ``<exp>/logs/ray-session`` links
+the live one's logs, and the disk forecast reserves room for them (foundation/storage/raysessions.py).
 """
 
 from __future__ import annotations
@@ -64,20 +64,20 @@ from typing import Any
 
 import anyio
 
-from shoprld.daemon.foundation.proctable import session_pids
-from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout, short_link
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.system.proctable import session_pids
+from shoprld.daemon.foundation.config.condaenv import activation_argv
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout, short_link
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.services.processes import Child, ChildRecord, Launcher, LocalLauncher, pid_alive
 from shoprld.daemon.services.raychild import LIVE, TERMINAL, RayJobChild, _now
 from shoprld.daemon.services.rayjobs import JobExists, NoAgent, RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import RoundValues
-from shoprld.daemon.foundation.placeholders import expand
-from shoprld.daemon.foundation import raysessions
-from shoprld.daemon.foundation.secrets import KNOWN_SECRET_KEYS
-from shoprld.daemon.foundation.store import atomic_write_json
+from shoprld.daemon.foundation.config.placeholders import expand
+from shoprld.daemon.foundation.storage import raysessions
+from shoprld.daemon.foundation.config.secrets import KNOWN_SECRET_KEYS
+from shoprld.daemon.foundation.records.store import atomic_write_json
 
 RAY_ROLES = (ChildRole.TRAINER,)
 # Environment entries that never go to a job: the engine's local-process tag (the job is

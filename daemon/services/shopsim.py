@@ -47,16 +47,16 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import retention
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.errors import StageFailed
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.storage import retention
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.system.errors import StageFailed
 from shoprld.daemon.services.processes import Child, ChildHost, wait_port_free
-from shoprld.daemon.foundation.retry import Backoff
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.system.retry import Backoff
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.round import resume
 from shoprld.daemon.round.plan import RoundPlan, host_port
-from shoprld.daemon.foundation.store import replace_json
+from shoprld.daemon.foundation.records.store import replace_json
 
 
 class ServiceHost(ChildHost, Protocol):
@@ -125,7 +125,7 @@ class ShopsimService:
         self.free_slots: int | None = None
         self.environment_slots: int | None = None  # as the service reports it
         self.checked_at: float | None = None
-        self.restarts = 0  # this service's count for the one backoff rule (daemon/foundation/retry.py)
+        self.restarts = 0  # this service's count for the one backoff rule (daemon/foundation/system/retry.py)
         self.external = False  # healthy before we started anything: not ours to stop
         self.closing = False  # the daemon is shutting down: a stopped ShopSim is not a death
         self.witness = witness

@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from shoprld.daemon.foundation.configsections import TrainSection
-from shoprld.daemon.foundation.store import replace_json
+from shoprld.daemon.foundation.config.configsections import TrainSection
+from shoprld.daemon.foundation.records.store import replace_json
 from shoprld.daemon.round.stall import Bounds, Learned, Marker, StallWatch, Verdict, engine_signals, markers_in
 
 ITER_PREFIX = "iter_"

@@ -32,13 +32,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoprld.daemon.foundation import disk
-from shoprld.daemon.foundation.config import Config
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.errors import ConfigError, PreflightError, ShoprldError
-from shoprld.daemon.foundation.identity import has_state
-from shoprld.daemon.foundation.units import human_bytes
-from shoprld.daemon.foundation.layout import RUNS_DIR_PROBLEM, RUNS_OWNER, Layout, runs_aside, runs_dir_fix
+from shoprld.daemon.foundation.storage import disk
+from shoprld.daemon.foundation.config.config import Config
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.system.errors import ConfigError, PreflightError, ShoprldError
+from shoprld.daemon.foundation.records.identity import has_state
+from shoprld.daemon.foundation.system.units import human_bytes
+from shoprld.daemon.foundation.records.layout import RUNS_DIR_PROBLEM, RUNS_OWNER, Layout, runs_aside, runs_dir_fix
 from shoprld.daemon.round.plan import resolve
 from shoprld.daemon.services.shopsim import start_script
 

@@ -12,7 +12,7 @@ import anyio
 import httpx
 
 from shoprld.daemon.services import gpus
-from shoprld.daemon.foundation.roles import ChildRole
+from shoprld.daemon.foundation.config.roles import ChildRole
 from shoprld.daemon.services.processes import Child, wait_port_free
 from shoprld.daemon.round.plan import RoundPlan, host_port
 from shoprld.daemon.services.shopsim import ServiceHost, get_json

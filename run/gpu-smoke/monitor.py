@@ -101,7 +101,7 @@ def main() -> int:
 
     t0 = time.time()
     try:  # warm the imports now, so the first verification does not stall the poll loop
-        from shoprld.daemon.foundation.deepverify import deep_verify
+        from shoprld.daemon.foundation.storage.deepverify import deep_verify
 
         import megatron.core.dist_checkpointing  # noqa: F401
         ev("monitor.ready", import_s=round(time.time() - t0, 3), targets=targets)

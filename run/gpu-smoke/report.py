@@ -152,8 +152,8 @@ def main() -> int:
     # -- deep verification ---------------------------------------------------------------------
     final_verify = []
     try:
-        from shoprld.daemon.foundation.checkpoints import scan
-        from shoprld.daemon.foundation.deepverify import deep_verify
+        from shoprld.daemon.foundation.storage.checkpoints import scan
+        from shoprld.daemon.foundation.storage.deepverify import deep_verify
 
         if save is not None:
             sc = scan(save)

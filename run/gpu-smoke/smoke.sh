@@ -81,9 +81,9 @@ GPUS=$($PY -c "print(', '.join(str(i) for i in range($NGPU)))")
 log "GPUs: $NGPU ([$GPUS]); device=$DEVICE; model: hidden=$HID layers=$LAYERS heads=$HEADS vocab=$VOCAB seq=$SEQ"
 
 # -- 3. the engine change megatron-core 0.19 needs ---------------------------------------------
-CKPY=$($PY -c 'import shoprld.daemon.foundation.checkpoints as c; print(c.__file__)')
+CKPY=$($PY -c 'import shoprld.daemon.foundation.storage.checkpoints as c; print(c.__file__)')
 # (The device run of 2026-11-30 patched the installed copy here; the fix is now in
-# daemon/foundation/checkpoints.py itself, so nothing is patched any more.)
+# daemon/foundation/storage/checkpoints.py itself, so nothing is patched any more.)
 : "$CKPY"
 
 # -- 4. preflight: tiny model, fresh + resume, exporter, deep_verify ---------------------------
@@ -112,9 +112,9 @@ if [ "${SMOKE_PREFLIGHT:-1}" = 1 ]; then
 import json, os, re, sys
 from pathlib import Path
 pf, opt, rc, repo = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-from shoprld.daemon.foundation.checkpoints import scan
-from shoprld.daemon.foundation.deepverify import deep_verify
-from shoprld.daemon.foundation import hfexport
+from shoprld.daemon.foundation.storage.checkpoints import scan
+from shoprld.daemon.foundation.storage.deepverify import deep_verify
+from shoprld.daemon.foundation.storage import hfexport
 sys.path.insert(0, os.path.join(repo, "run", "demo"))
 import _common
 s = scan(pf / f"save-{opt}")
@@ -156,7 +156,7 @@ for f in ("train_mcore.py", "export_dcp_to_hf.py"):
 EOF
 [ -f "$T/campaign.toml" ] || { log "tree setup failed"; exit 1; }
 SAVE=$($PY -c "
-from shoprld.daemon.foundation.config import load_config; from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config; from shoprld.daemon.foundation.records.layout import Layout
 print(Layout.from_config(load_config('$T/campaign.toml')).save_dir)")
 $PY -m shoprld.daemon.ops.cli check -c "$T/campaign.toml" >"$W/check.log" 2>&1; log "shoprld check rc=$? (tail below)"; tail -n 3 "$W/check.log"
 log "campaign: $T/campaign.toml; save dir $SAVE; kill during the saves of iterations $KILL_AT"

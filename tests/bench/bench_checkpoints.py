@@ -68,7 +68,7 @@ async def measure(
     import anyio
     from anyio.streams.buffered import BufferedByteReceiveStream
 
-    from shoprld.daemon.foundation.ckptwatch import CheckpointWatcher
+    from shoprld.daemon.foundation.storage.ckptwatch import CheckpointWatcher
 
     got: dict[int, int] = {}
     changed = anyio.Event()
@@ -116,7 +116,7 @@ def summary(lat: list[float]) -> dict[str, Any]:
 
 
 def fstype(path: Path) -> str:
-    from shoprld.daemon.foundation.ckptwatch import _fstype_of
+    from shoprld.daemon.foundation.storage.ckptwatch import _fstype_of
 
     return _fstype_of(path, Path("/proc/self/mountinfo")) or "unknown"
 

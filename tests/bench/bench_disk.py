@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `shoprld` and `tests` imp
 
 import anyio
 import structlog
-from shoprld.daemon.foundation import disk, diskbudget
+from shoprld.daemon.foundation.storage import disk, diskbudget
 
 from tests.fsfixtures import mount_tmpfs
 

@@ -480,7 +480,7 @@ def bench_work_lost(root: Path, trials: int, steps: int = 16, kill_after: int = 
 # -- 0. floors: what the machine's disk and process start cost right now ---------------------------
 def bench_floors(root: Path, n: int = 60) -> dict[str, Any]:
     """The fsync'd writes every transition pays for (store.py's own functions), and a spawn."""
-    from shoprld.daemon.foundation.store import Store, atomic_write_json
+    from shoprld.daemon.foundation.records.store import Store, atomic_write_json
 
     doc = {"state": "TRAIN", "round": 3, "children": {"trainer": {"pid": 1, "argv": ["x"] * 40}}, "seq": 1}
     atomic, append, spawn = [], [], []

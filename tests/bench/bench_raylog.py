@@ -44,8 +44,8 @@ def _free_port() -> int:
 def one(mode: str, mib: int) -> dict[str, object]:
     import anyio
 
-    from shoprld.daemon.foundation.config import config_from_dict
-    from shoprld.daemon.foundation.layout import Layout
+    from shoprld.daemon.foundation.config.config import config_from_dict
+    from shoprld.daemon.foundation.records.layout import Layout
     from shoprld.daemon.round.plan import resolve
     from shoprld.daemon.services.ray import RayLauncher
 

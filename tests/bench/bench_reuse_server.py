@@ -41,9 +41,9 @@ import anyio
 import httpx
 import structlog
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config.config import load_config
 from shoprld.daemon.ops.demo import create_tree
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.services.valserver import ValServerService
 from tests.roundctx import standalone_context

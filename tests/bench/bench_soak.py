@@ -64,7 +64,7 @@ from tests.demotree import SHOPRLD  # noqa: E402
 
 
 def ledger_rows(root: Path) -> int:
-    """Rounds recorded in the ledger. Past 1 MiB the ledger overflows (daemon/foundation/ledger.py): the
+    """Rounds recorded in the ledger. Past 1 MiB the ledger overflows (daemon/foundation/records/ledger.py): the
     repo file keeps a pointer and the last 20 rows, the full TSV moves under the campaign root,
     so the count is the last row's index + 1 there."""
     full = next((root / "ephemeral").glob("nemo-rl/*/nemo-rl-auto-research/*/ledger/*.tsv"), None)
@@ -105,12 +105,12 @@ def replay(work: Path, rounds: int) -> dict[str, Any]:
 
     import structlog
 
-    from shoprld.daemon.foundation.config import load_config
+    from shoprld.daemon.foundation.config.config import load_config
     from shoprld.daemon.core.engine import Engine
-    from shoprld.daemon.foundation.layout import Layout
+    from shoprld.daemon.foundation.records.layout import Layout
     from shoprld.daemon.round.machine import ADVANCE, ROUND_STATES, State
-    from shoprld.daemon.foundation.secrets import Secrets
-    from shoprld.daemon.foundation.store import Store
+    from shoprld.daemon.foundation.config.secrets import Secrets
+    from shoprld.daemon.foundation.records.store import Store
 
     campaign = make_tree(work, rounds=rounds + 1)
     cfg = load_config(campaign)
@@ -226,8 +226,8 @@ def main() -> int:
     wall = time.monotonic() - t0
     done = ledger_rows(work)
     # What a restart would pay now: Store.load() reads state.json, the journal's tail for a newer
-    # snapshot and rounds.jsonl (daemon/foundation/store.py).
-    from shoprld.daemon.foundation.store import Store
+    # snapshot and rounds.jsonl (daemon/foundation/records/store.py).
+    from shoprld.daemon.foundation.records.store import Store
 
     t, c = time.perf_counter(), time.process_time()
     Store(state).load()

@@ -191,7 +191,7 @@ class Plan:
 # -- the trees ---------------------------------------------------------------------------------------
 def saves_modes() -> list[str]:
     """The save policies this branch's config knows: ``[saves] mode`` (issue 17, item 1), if any."""
-    from shoprld.daemon.foundation.config import Config
+    from shoprld.daemon.foundation.config.config import Config
 
     field = Config.model_fields.get("saves")
     return ["fixed", "adaptive"] if field is not None else ["fixed"]

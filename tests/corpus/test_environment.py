@@ -141,7 +141,7 @@ sys.exit(main(sys.argv[2:]))
 '''
 
 
-@pytest.mark.parametrize("at", ["argparse", "shoprld.daemon.foundation.errors", "shoprld.daemon.foundation.config", "CONFIG"])
+@pytest.mark.parametrize("at", ["argparse", "shoprld.daemon.foundation.system.errors", "shoprld.daemon.foundation.config.config", "CONFIG"])
 @pytest.mark.parametrize("cmd", ["check", "run"])
 def test_sigint_during_start_up_is_one_line_and_exit_130(campaign: Path, tmp_path: Path, at: str, cmd: str) -> None:
     """Ctrl-C while the CLI imports its modules or reads the config (before the engine's handlers):

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.ops import cli
-from shoprld.daemon.foundation.config import Config
+from shoprld.daemon.foundation.config.config import Config
 from shoprld.daemon.ops.demo import create_tree
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from shoprld.daemon.ops.campaignexport import BUNDLE_TOP, export_campaign
 from shoprld.daemon.ops.cli import main
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.tomlwrite import dump_toml
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.tomlwrite import dump_toml
 from tests.demotree import make_tree
 
 CLI = [sys.executable, "-m", "shoprld.daemon.ops.cli"]

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.statusview import ROUND_MAX, render_plain, view
+from shoprld.daemon.foundation.records.statusview import ROUND_MAX, render_plain, view
 from shoprld.daemon.ops import report
 from shoprld.daemon.ops.demo import create_tree
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from shoprld.daemon.core.metrics import TextfileMetrics, textfile_problem
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.outputs import OutputPathError, Protected, campaign_files, write_output
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.records.outputs import OutputPathError, Protected, campaign_files, write_output
 from shoprld.daemon.ops.cli import main
 from shoprld.daemon.ops.demo import create_tree
 
@@ -291,7 +291,7 @@ def test_unit_refuses_a_textfile_that_would_open_a_system_dir(where: str, tmp_pa
     """A textfile directly in /, /etc, /usr, /var: the unit would have to undo ProtectSystem= for
     the whole tree; refused in one line naming the key (this host may run no systemd, so the
     renderer is called as install-service calls it)."""
-    from shoprld.daemon.foundation.errors import ConfigError
+    from shoprld.daemon.foundation.system.errors import ConfigError
     from shoprld.daemon.ops import unit as service
 
     with pytest.raises(ConfigError) as exc:

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 pytest.importorskip("megatron.core.dist_checkpointing", reason="megatron-core (the `megatron` extra) is not installed")
 
-from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, is_complete, iter_dir, scan  # noqa: E402
-from shoprld.daemon.foundation.deepverify import deep_verify  # noqa: E402
+from shoprld.daemon.foundation.storage.checkpoints import TRACKER_NAME, is_complete, iter_dir, scan  # noqa: E402
+from shoprld.daemon.foundation.storage.deepverify import deep_verify  # noqa: E402
 
 # dcp.save(no_dist=True) warns that it assumes a single process: that is the point here.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -223,7 +223,7 @@ def test_analyze_writes_pool_ledger_and_summary(tmp_path: Path) -> None:
     pool = json.loads((out / "candidate_pool.json").read_text())
     assert set(summary) == ANALYSIS_KEYS
     assert summary["triage_groups"] == pending and summary["candidates"] == len(pool["candidates"]) > 0
-    from shoprld.daemon.foundation.toolout import last_json_object
+    from shoprld.daemon.foundation.tools.payload import last_json_object
 
     assert last_json_object(res.stdout, source="analyze") == {**summary, "wandb_error": "wandb is not installed (demo stand-in)"}
     assert len(pool["current_skills"]) == 4 and all(c["operation"] == "ADD" for c in pool["candidates"])

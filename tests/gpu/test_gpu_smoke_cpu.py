@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.checkpoints import IterationMapping
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.storage.checkpoints import IterationMapping
+from shoprld.daemon.foundation.config.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "run" / "gpu-smoke"
@@ -147,7 +147,7 @@ def test_exporter_writes_real_safetensors(tmp_path: Path) -> None:
     assert len(set(index["weight_map"].values())) > 1
     config = json.loads((out / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (layers, hidden, vocab)
-    from shoprld.daemon.foundation import hfexport
+    from shoprld.daemon.foundation.storage import hfexport
 
     check = hfexport.verify(out)
     assert check.ok, check.detail
@@ -171,7 +171,7 @@ def test_exporter_writes_real_safetensors(tmp_path: Path) -> None:
 
 def test_engine_accepts_megatron_core_0_19_checkpoints(tmp_path: Path) -> None:
     """megatron-core 0.19 writes no common.pt; the engine's completeness rule accepts its layout."""
-    from shoprld.daemon.foundation.checkpoints import is_complete
+    from shoprld.daemon.foundation.storage.checkpoints import is_complete
 
     d = tmp_path / "iter_0000005"
     d.mkdir()

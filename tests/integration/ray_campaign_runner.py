@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.run import run_campaign
 from shoprld.daemon.services.ray import build_launcher
 

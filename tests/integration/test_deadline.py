@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.configvalues import deadline_seconds_or_time, resolve_deadline
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.config.configvalues import deadline_seconds_or_time, resolve_deadline
+from shoprld.daemon.foundation.system.errors import ConfigError
 from tests.demotree import SHOPRLD, journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, run_daemon, status
 
 # Paced steps: a round is mostly the trainer's sleeps, so its duration is steady under load.
@@ -167,7 +167,7 @@ def test_deadline_check_uses_the_median_round_duration() -> None:
 
 def test_status_view_shows_time_left_and_the_stop_conditions() -> None:
     """A running campaign's status reads "stop condition not yet met: r/R rounds, <time> left"."""
-    from shoprld.daemon.foundation.statusview import render_plain, view
+    from shoprld.daemon.foundation.records.statusview import render_plain, view
 
     now = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()
     snap = {"campaign": "demo", "state": "TRAIN", "round": 3, "rounds": 5, "rounds_done": [],

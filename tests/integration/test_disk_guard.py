@@ -123,7 +123,7 @@ def test_sudden_fill_during_train_is_a_hard_stop_within_an_interval(tmpfs, tmp_p
     assert park["t"] - t_fill < 5.0
     ballast = list(Path(volume).rglob(".shoprld-ballast"))
     assert ballast == []
-    from shoprld.daemon.foundation import checkpoints as ckpt
+    from shoprld.daemon.foundation.storage import checkpoints as ckpt
 
     save = next(Path(volume).rglob("checkpoints/megatron"))
     scan = ckpt.scan(save)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout, short_link
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout, short_link
 from shoprld.daemon.round.machine import ROUND_STATES
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, reference_run, results, run_daemon, status
 

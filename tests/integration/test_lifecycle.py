@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import LockError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import LockError
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.campaignexport import export_campaign
 from shoprld.daemon.ops.campaignimport import Repointer, import_campaign
 from shoprld.daemon.ops.clean import clean
 from shoprld.daemon.ops.oneshot import LifecycleError
-from shoprld.daemon.foundation.tomlwrite import dump_toml
+from shoprld.daemon.foundation.config.tomlwrite import dump_toml
 from tests.demotree import (
     journal,
     kill_tree_leftovers,

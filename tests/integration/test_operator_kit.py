@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoprld.daemon.foundation import bundles
+from shoprld.daemon.foundation.records import bundles
 from tests.demotree import journal, kill_tree_leftovers, ledger_rows, make_tree, run_daemon, status
 from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (fixture)
 from tests.receiver import Receiver

@@ -32,10 +32,10 @@ ray = pytest.importorskip("ray", reason="ray[default] is not installed (tests/in
 
 import httpx
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config.config import load_config
 from shoprld.daemon.ops.demo import create_tree
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.proctable import session_pids
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.system.proctable import session_pids
 
 RUNNER = Path(__file__).resolve().parent / "ray_campaign_runner.py"
 RAY_BIN = Path(sys.executable).parent / "ray"
@@ -246,7 +246,7 @@ def _outcome(root: Path) -> dict[str, object]:
     """What a campaign of the demo tree at ``root`` produced, the same for any run of it that
     is right: the round results (val summaries, gate manifests, SkillBanks, curricula), the
     ledger's verdicts and the checkpoints kept (their iterations and the tracker)."""
-    from shoprld.daemon.foundation.ledger import COLUMNS
+    from shoprld.daemon.foundation.records.ledger import COLUMNS
     from tests.demotree import results
 
     cfg = load_config(root / "campaign.toml")
@@ -336,10 +336,10 @@ def test_ensure_head_starts_a_real_head_in_a_deep_experiment_dir_and_stops_it_by
     session with RAY_TMPDIR in a deep experiment dir (through the short /tmp link, since
     Ray's socket paths would pass 107 bytes), runs a job on it, and stops it by session."""
     import anyio
-    from shoprld.daemon.foundation.config import config_from_dict
-    from shoprld.daemon.foundation import raysessions
-    from shoprld.daemon.foundation.diskbudget import floor_unit
-    from shoprld.daemon.foundation.preflight import budget_for
+    from shoprld.daemon.foundation.config.config import config_from_dict
+    from shoprld.daemon.foundation.storage import raysessions
+    from shoprld.daemon.foundation.storage.diskbudget import floor_unit
+    from shoprld.daemon.foundation.storage.preflight import budget_for
     from shoprld.daemon.services.ray import RayLauncher, ray_tmpdir_path
     from shoprld.daemon.round.plan import resolve
 
@@ -418,7 +418,7 @@ def test_an_existing_two_node_cluster_runs_the_trainer_on_the_node_it_asks_for(h
     (train.ray_entrypoint_resources), and shoprld never stops or signals either node."""
     import anyio
 
-    from shoprld.daemon.foundation.config import config_from_dict
+    from shoprld.daemon.foundation.config.config import config_from_dict
     from shoprld.daemon.round.plan import resolve
     from shoprld.daemon.services.ray import RayLauncher
 
@@ -479,8 +479,8 @@ def test_a_two_round_campaign_on_heads_of_its_own_with_60_mib_of_engine_lines_a_
     round. The daemon's peak RSS stays under 80 MiB while the job logs reach the stage logs (by
     offset from the driver log); each head goes when its job is done, so each round leaves one
     Ray session, on the experiment's volume, two kept; the short /tmp links are gone at DONE."""
-    from shoprld.daemon.foundation import raysessions
-    from shoprld.daemon.foundation.layout import short_link
+    from shoprld.daemon.foundation.storage import raysessions
+    from shoprld.daemon.foundation.records.layout import short_link
 
     if not RAY_BIN.exists():
         pytest.skip(f"no ray CLI next to {sys.executable}")

@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 from shoprld.daemon.core.alerts import Alerts, digest_text, next_digest
-from shoprld.daemon.foundation.config import config_from_dict
-from shoprld.daemon.foundation.configsections import NOTIFY_EVENTS, NotifySection
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.secrets import load_secrets, with_pattern
+from shoprld.daemon.foundation.config.config import config_from_dict
+from shoprld.daemon.foundation.config.configsections import NOTIFY_EVENTS, NotifySection
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.config.secrets import load_secrets, with_pattern
 from tests.receiver import Receiver
 
 SECRET = "wandb-secret-value-123456"

@@ -85,7 +85,7 @@ LOCAL_IMPORTS = {
     (_CLI, "shoprld.daemon.ops.statuscmd"): _CLI_WHY,
     (_CLI, "shoprld.daemon.core.control"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.ledgercmd"): _CLI_WHY,
-    (_CLI, "shoprld.daemon.foundation.logs"): _CLI_WHY,
+    (_CLI, "shoprld.daemon.foundation.system.logs"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.clean"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.campaignexport"): _CLI_WHY,
     (_CLI, "shoprld.daemon.ops.campaignimport"): _CLI_WHY,
@@ -94,9 +94,9 @@ LOCAL_IMPORTS = {
     (_CLI, "shoprld.daemon.ops.supervise"): _CLI_WHY,
     ("shoprld.daemon.ops.demo", "shoprld.daemon.ops.report"): "the report needs the matplotlib extra; the demo "
                                                                 "runs without it",
-    ("shoprld.daemon.foundation.identity", "shoprld.daemon.foundation.store"): "status reads the identity; the "
+    ("shoprld.daemon.foundation.records.identity", "shoprld.daemon.foundation.records.store"): "status reads the identity; the "
                                                                                 "store (anyio) only when writing",
-    ("shoprld.daemon.foundation.store", "shoprld.daemon.foundation.statedoc"): "pydantic only when a state is "
+    ("shoprld.daemon.foundation.records.store", "shoprld.daemon.foundation.records.statedoc"): "pydantic only when a state is "
                                                                                 "loaded: `shoprld stop` imports "
                                                                                 "the store",
 }

@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import Config, config_from_dict
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config, config_from_dict
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.argpaths import arg_paths, argument_problems, path_like
 from tests.unit.test_validate import check, refused_by_check, refused_by_run, tree
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.configsections import SavesSection
+from shoprld.daemon.foundation.config.configsections import SavesSection
 from shoprld.daemon.round import asyncsave, saves
 
 BASE = ("python3", "train.py", "--save", "{save_dir}", "--save-interval", "{save_interval}")
@@ -111,8 +111,8 @@ def test_the_recipe_and_the_template_pass_both_flags_by_default() -> None:
 def test_save_hf_is_left_out_only_for_mid_round_launches_with_a_converter() -> None:
     """slime writes --save-hf after every save: a launch whose interval can fire inside the round
     leaves it out when export.command converts once at EXPORT_HF; else it stays."""
-    from shoprld.daemon.foundation.config import load_config
-    from shoprld.daemon.foundation.placeholders import expand
+    from shoprld.daemon.foundation.config.config import load_config
+    from shoprld.daemon.foundation.config.placeholders import expand
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "run" / "slime-4xa800.toml")
     assert cfg.export.command and cfg.campaign.steps_per_round == 20

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.cli import main
 from shoprld.daemon.services.processes import proc_start_ticks
 from shoprld.daemon.services.boxcheck import box_refusals, cache_lines, port_lines, shm_line

@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.foundation import bundles
-from shoprld.daemon.foundation.secrets import with_pattern
+from shoprld.daemon.foundation.records import bundles
+from shoprld.daemon.foundation.config.secrets import with_pattern
 
 SECRET = "wandb-secret-value-123456"
 HANG = "import time\ndef hang_in_allreduce():\n    time.sleep(600)\nprint('ready', flush=True)\nhang_in_allreduce()\n"

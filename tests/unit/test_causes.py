@@ -1,4 +1,4 @@
-"""Failure causes: every row of daemon/foundation/causes.py's table, on realistic log lines."""
+"""Failure causes: every row of daemon/foundation/tools/causes.py's table, on realistic log lines."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation import causes
-from shoprld.daemon.foundation.causes import PATTERNS, classify, last_exception
+from shoprld.daemon.foundation.tools import causes
+from shoprld.daemon.foundation.tools.causes import PATTERNS, classify, last_exception
 
 # (cause, a realistic log tail). Every row of PATTERNS has at least one (checked below).
 CASES = [

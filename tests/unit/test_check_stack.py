@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.envinfo import gpu_count_check, list_gpu_indices, probe, stage_interpreters
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.system.envinfo import gpu_count_check, list_gpu_indices, probe, stage_interpreters
+from shoprld.daemon.foundation.config.config import load_config
 
 
 def _smi(bin_dir: Path, gpus: int) -> Path:

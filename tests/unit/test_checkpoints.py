@@ -1,4 +1,4 @@
-"""The checkpoint reader, the round mapping, retention and deletion (shoprld.daemon.foundation.checkpoints)."""
+"""The checkpoint reader, the round mapping, retention and deletion (shoprld.daemon.foundation.storage.checkpoints)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from shoprld.daemon.foundation.checkpoints import (
+from shoprld.daemon.foundation.storage.checkpoints import (
     TRACKER_NAME,
     Checkpoint,
     IterationMapping,
@@ -25,15 +25,15 @@ from shoprld.daemon.foundation.checkpoints import (
     read_tracker,
     scan,
 )
-from shoprld.daemon.foundation.ckptwatch import detect_watch_mode
-from shoprld.daemon.foundation.deepverify import deep_verify
-from shoprld.daemon.foundation.retention import (
+from shoprld.daemon.foundation.storage.ckptwatch import detect_watch_mode
+from shoprld.daemon.foundation.storage.deepverify import deep_verify
+from shoprld.daemon.foundation.storage.retention import (
     delete_checkpoints,
     delete_iter_dir,
     point_tracker,
 )
 from shoprld.daemon.round.resume import Moment, SaveDir, Witness, outage_rollback, retention
-from shoprld.daemon.foundation.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
+from shoprld.daemon.foundation.storage.checkpoints import _scan, _ScanCache  # the watcher's incremental scan
 
 METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                  "common_backend": "torch", "common_backend_version": 1}  # fmt: skip

@@ -24,9 +24,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, read_tracker, scan
-from shoprld.daemon.foundation.checkpoints import IterationMapping
-from shoprld.daemon.foundation.retention import delete_checkpoints
+from shoprld.daemon.foundation.storage.checkpoints import TRACKER_NAME, read_tracker, scan
+from shoprld.daemon.foundation.storage.checkpoints import IterationMapping
+from shoprld.daemon.foundation.storage.retention import delete_checkpoints
 from shoprld.daemon.round.resume import Moment, SaveDir, retention
 
 NAMES = st.one_of(

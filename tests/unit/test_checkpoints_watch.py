@@ -1,4 +1,4 @@
-"""CheckpointWatcher on a real tmpfs, in inotify and in poll mode (shoprld.daemon.foundation.checkpoints)."""
+"""CheckpointWatcher on a real tmpfs, in inotify and in poll mode (shoprld.daemon.foundation.storage.checkpoints)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from shoprld.daemon.foundation.checkpoints import TRACKER_NAME, iter_dir
-from shoprld.daemon.foundation.ckptwatch import CheckpointWatcher, ObserverLike
+from shoprld.daemon.foundation.storage.checkpoints import TRACKER_NAME, iter_dir
+from shoprld.daemon.foundation.storage.ckptwatch import CheckpointWatcher, ObserverLike
 
 pytestmark = pytest.mark.root
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.foundation.condaenv import activation_argv
-from shoprld.daemon.foundation.config import config_from_dict
-from shoprld.daemon.foundation.configsections import ProcessSpec
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.condaenv import activation_argv
+from shoprld.daemon.foundation.config.config import config_from_dict
+from shoprld.daemon.foundation.config.configsections import ProcessSpec
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.processes import LocalLauncher
 from shoprld.daemon.services.ray import entrypoint_of
 from shoprld.daemon.round.plan import RoundPlan, resolve

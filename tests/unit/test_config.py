@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.configvalues import parse_duration, parse_size
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.placeholders import expand
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.config.configvalues import parse_duration, parse_size
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.config.placeholders import expand
 
 MINIMAL = """
 [campaign]

@@ -10,8 +10,8 @@ import re
 import pytest
 import structlog
 
-from shoprld.daemon.foundation.console import LIVE, Campaign, CompactRenderer, terminal_mode
-from shoprld.daemon.foundation.logs import configure
+from shoprld.daemon.foundation.system.console import LIVE, Campaign, CompactRenderer, terminal_mode
+from shoprld.daemon.foundation.system.logs import configure
 
 
 class _Tty(io.StringIO):

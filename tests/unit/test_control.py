@@ -21,8 +21,8 @@ from structlog.testing import capture_logs
 
 from shoprld.daemon.core import control
 from shoprld.daemon.core.control import ControlRefused, ControlServer, query, request_stop
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, ConfigError, LockError
-from shoprld.daemon.foundation.store import SOCKET_FILE
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, ConfigError, LockError
+from shoprld.daemon.foundation.records.store import SOCKET_FILE
 from tests.demotree import ready_child
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ as_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a clien
 TERMABLE = """
 import signal, sys
 from pathlib import Path
-from shoprld.daemon.foundation.store import Store
+from shoprld.daemon.foundation.records.store import Store
 Store(Path(sys.argv[1])).acquire_lock()
 signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(0)))
 print("ready", flush=True)
@@ -458,7 +458,7 @@ def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
     cfg, state_dir = campaign
     (state_dir / "daemon.pid").write_text(f"{bystander.pid}\n")
     if record != "pid file only":
-        from shoprld.daemon.foundation.store import daemon_record
+        from shoprld.daemon.foundation.records.store import daemon_record
     if record == "record of the bystander":  # right pid, start time and cmdline, but it holds no lock
         (state_dir / "daemon.json").write_text(json.dumps(daemon_record(bystander.pid)))
     elif record == "record with a reused pid":
@@ -476,7 +476,7 @@ def test_stop_never_signals_a_pid_that_is_not_the_lock_holding_daemon(
 def test_one_shot_commands_write_no_daemon_pid(campaign: tuple[Path, Path]) -> None:
     """A one-shot lock holder (clean, export-campaign) leaves no daemon.pid or daemon.json behind
     for stop to mistake; the daemon's lock writes both."""
-    from shoprld.daemon.foundation.store import Store
+    from shoprld.daemon.foundation.records.store import Store
 
     _, state_dir = campaign
     s = Store(state_dir)

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from shoprld.daemon.foundation.causes import CUDA_OOM, NCCL_TIMEOUT, Cause
-from shoprld.daemon.foundation.errors import EXIT_CONFIG, EXIT_GATE, EXIT_OK, EXIT_STAGE
+from shoprld.daemon.foundation.tools.causes import CUDA_OOM, NCCL_TIMEOUT, Cause
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG, EXIT_GATE, EXIT_OK, EXIT_STAGE
 from shoprld.daemon.round.machine import (
     RETRY,
     TRANSITIONS,
@@ -30,7 +30,7 @@ from shoprld.daemon.round.machine import (
     Stop,
     decide,
 )
-from shoprld.daemon.foundation.retry import Backoff, may_retry
+from shoprld.daemon.foundation.system.retry import Backoff, may_retry
 
 S = State
 NO_DEADLINE = Deadline(at=None, need_s=0.0, now=1000.0)

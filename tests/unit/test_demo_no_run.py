@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
+from shoprld.daemon.foundation.config.config import load_config
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""shoprld.daemon.foundation.disk: the logic that needs no mounts (forecast, limits, guard, ENOSPC text,
+"""shoprld.daemon.foundation.storage.disk: the logic that needs no mounts (forecast, limits, guard, ENOSPC text,
 preflight lines, the monitor through its sampler seam, reclaim confinement)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from shoprld.daemon.foundation import disk, diskcheck, reclaim
-from shoprld.daemon.foundation.disk import (
+from shoprld.daemon.foundation.storage import disk, diskcheck, reclaim
+from shoprld.daemon.foundation.storage.disk import (
     DiskSample,
     GiB,
     Guard,
@@ -26,8 +26,8 @@ from shoprld.daemon.foundation.disk import (
     enospc_line,
     log_says_enospc,
 )
-from shoprld.daemon.foundation.diskbudget import limits
-from shoprld.daemon.foundation.diskcheck import PreflightProblem
+from shoprld.daemon.foundation.storage.diskbudget import limits
+from shoprld.daemon.foundation.storage.diskcheck import PreflightProblem
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import DiskEvents

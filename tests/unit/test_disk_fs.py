@@ -1,4 +1,4 @@
-"""shoprld.daemon.foundation.disk on REAL small filesystems: tmpfs and loop-mounted ext4 (root only)."""
+"""shoprld.daemon.foundation.storage.disk on REAL small filesystems: tmpfs and loop-mounted ext4 (root only)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
-from shoprld.daemon.foundation import disk, diskcheck, reclaim
-from shoprld.daemon.foundation.ballast import Ballast
-from shoprld.daemon.foundation.disk import Guard, Limits, is_enospc
-from shoprld.daemon.foundation.diskcheck import check_volume
+from shoprld.daemon.foundation.storage import disk, diskcheck, reclaim
+from shoprld.daemon.foundation.storage.ballast import Ballast
+from shoprld.daemon.foundation.storage.disk import Guard, Limits, is_enospc
+from shoprld.daemon.foundation.storage.diskcheck import check_volume
 from structlog.testing import capture_logs
 
 from tests.fsfixtures import (  # noqa: F401  (fixtures "loop_ext4", "tmpfs")

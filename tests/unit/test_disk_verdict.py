@@ -7,7 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from shoprld.daemon.foundation.disk import DiskSample, Guard, Level, Limits, wait_for_space
+from shoprld.daemon.foundation.storage.disk import DiskSample, Guard, Level, Limits, wait_for_space
 
 MiB = 1 << 20
 LIM = Limits(soft_bytes=300 * MiB, hard_bytes=100 * MiB, soft_inodes=200, hard_inodes=100)

@@ -1,4 +1,4 @@
-"""shoprld.daemon.foundation.diskbudget: the peak's forecast, the scale-free floors and the budget
+"""shoprld.daemon.foundation.storage.diskbudget: the peak's forecast, the scale-free floors and the budget
 that `check`, PREFLIGHT_DISK and the save planner share (issue 25: the user's small data disk)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from shoprld.daemon.foundation.diskbudget import Budget, Forecast, Limits, floor_unit, forecast, limits
+from shoprld.daemon.foundation.storage.diskbudget import Budget, Forecast, Limits, floor_unit, forecast, limits
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

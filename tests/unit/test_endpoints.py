@@ -1,4 +1,4 @@
-"""The notify endpoint validator (daemon/foundation/endpoints.py): what it accepts httpx can
+"""The notify endpoint validator (daemon/foundation/config/endpoints.py): what it accepts httpx can
 send, what it refuses is one line naming the key and never the value; and `check` and `run`
 refuse the same (exit 3)."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.configsections import NotifySection
-from shoprld.daemon.foundation.endpoints import endpoint_problems, token_problem, url_problem
-from shoprld.daemon.foundation.secrets import with_pattern
+from shoprld.daemon.foundation.config.configsections import NotifySection
+from shoprld.daemon.foundation.config.endpoints import endpoint_problems, token_problem, url_problem
+from shoprld.daemon.foundation.config.secrets import with_pattern
 from tests.demotree import SHOPRLD, make_tree
 
 URLISH = st.builds(lambda scheme, host, port, path: f"{scheme}{host}{port}{path}",

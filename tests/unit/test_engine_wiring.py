@@ -15,13 +15,13 @@ import pytest
 from shoprld.daemon.core.diskwatch import DiskWatch
 from shoprld.daemon.core.engine import Engine
 from shoprld.daemon.core.events import CheckpointCommitted, DiskLevelChanged, Event
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.configsections import DiskSection
-from shoprld.daemon.foundation.disk import Level
-from shoprld.daemon.foundation.errors import EXIT_GATE, EXIT_OK
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.foundation.store import JOURNAL_FILE, STATE_FILE
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.config.configsections import DiskSection
+from shoprld.daemon.foundation.storage.disk import Level
+from shoprld.daemon.foundation.system.errors import EXIT_GATE, EXIT_OK
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import Secrets
+from shoprld.daemon.foundation.records.store import JOURNAL_FILE, STATE_FILE
 from shoprld.daemon.round.machine import Decision, Fail, Occurrence, Park, State, Stop
 from tests.demotree import make_tree
 from tests.fsfixtures import tmpfs_fixture  # noqa: F401  (the "tmpfs" fixture)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation import envinfo
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.envinfo import ABSENT, Gpu, arch_warnings, normalize_sm, probe, query_gpus, stage_interpreters
+from shoprld.daemon.foundation.system import envinfo
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.envinfo import ABSENT, Gpu, arch_warnings, normalize_sm, probe, query_gpus, stage_interpreters
 
 RUN = Path(__file__).resolve().parents[2] / "run"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation import hfexport
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.storage import hfexport
 from shoprld.states import export_hf
 from shoprld.states.base import RoundContext
 from tests.roundctx import minimal_context

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.services import gpus
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.system.errors import ConfigError
 from shoprld.daemon.services.gpus import GpuProcess, Holder, Owners, parse_compute_apps, parse_gpu_indices
 from shoprld.daemon.services.processes import CHILD_TAG
 

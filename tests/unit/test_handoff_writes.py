@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.foundation.store import STATE_FILE, Store
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import Secrets
+from shoprld.daemon.foundation.records.store import STATE_FILE, Store
 from shoprld.daemon.round.machine import State
 from tests.demotree import make_tree
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation import identity
-from shoprld.daemon.foundation.errors import EXIT_CONFIG
-from shoprld.daemon.foundation.identity import StateMismatch, ensure, expected
-from shoprld.daemon.foundation.status import collect
+from shoprld.daemon.foundation.records import identity
+from shoprld.daemon.foundation.system.errors import EXIT_CONFIG
+from shoprld.daemon.foundation.records.identity import StateMismatch, ensure, expected
+from shoprld.daemon.foundation.records.status import collect
 
 A = expected("demo", "main", "/srv/a/repo", "/vol/a")
 B = expected("demo", "main", "/srv/b/repo", "/vol/b")

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation import secrets as secrets_mod
-from shoprld.daemon.foundation.secrets import Secrets, load_secrets
-from shoprld.daemon.foundation.store import Store, replace_json
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config import secrets as secrets_mod
+from shoprld.daemon.foundation.config.secrets import Secrets, load_secrets
+from shoprld.daemon.foundation.records.store import Store, replace_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "canary-7f3e9a1b-wandb-SECRET"
@@ -136,7 +136,7 @@ def test_missing_env_file_and_empty_key_are_one_line_errors(tmp_path: Path) -> N
 
 def test_redaction_masks_secrets_in_structlog_and_foreign_records(tmp_path: Path) -> None:
     """Every loaded secret value is masked in structlog events and stdlib records (e.g. httpx)."""
-    from shoprld.daemon.foundation import logs
+    from shoprld.daemon.foundation.system import logs
 
     (tmp_path / ".env").write_text(f"WANDB_API_KEY={CANARY}\nBAILIAN_API_KEY={CANARY2}\n")
     buf = io.StringIO()
@@ -239,7 +239,7 @@ def test_state_dir_is_0700_and_its_files_0600_even_if_it_was_more_open(tmp_path:
 def test_the_ledger_masks_with_the_given_redactor_and_stays_readable(tmp_path: Path) -> None:
     """A ledger masks with the redact callable it was given (the round's secrets), and the repo
     file keeps its ordinary, readable mode: it is the one record meant for others."""
-    from shoprld.daemon.foundation.ledger import Ledger
+    from shoprld.daemon.foundation.records.ledger import Ledger
 
     led = Ledger(tmp_path / "repo" / "demo.tsv", overflow_dir=tmp_path / "vol",
                  redact=_secrets_with(tmp_path, CANARY).redact)
@@ -453,7 +453,7 @@ def test_check_on_generated_env_files_many(tmp_path: Path, data: bytes) -> None:
 def test_status_by_hand_finds_the_units_state_dir_under_its_instance_name(tmp_path: Path) -> None:
     """Issue 25: the unit's state dir is /var/lib/shoprld/<instance> (the campaign file's name);
     by hand, a campaign named otherwise still finds it there, and its own name wins when both exist."""
-    from shoprld.daemon.foundation.paths import default_state_dir
+    from shoprld.daemon.foundation.records.paths import default_state_dir
 
     env = {"HOME": str(tmp_path / "home")}
     root = tmp_path / "var-lib-shoprld"

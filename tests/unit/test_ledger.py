@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.ops.ledgercmd import print_ledger
-from shoprld.daemon.foundation.ledger import (
+from shoprld.daemon.foundation.records.ledger import (
     COLUMNS, POINTER_PREFIX, Ledger, LedgerError, git_info, make_row, sanitize,
 )
 

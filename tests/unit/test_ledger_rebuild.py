@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation import roundlog
-from shoprld.daemon.foundation.ledger import (
+from shoprld.daemon.foundation.records import roundlog
+from shoprld.daemon.foundation.records.ledger import (
     ROW_KEY, Ledger, LedgerError, format_rows, make_row, rebuild_from_record, read_bytes,
 )
 

@@ -1,4 +1,4 @@
-"""Bounded reads of a stage log (foundation/logchunks.py) against the whole-file reads they
+"""Bounded reads of a stage log (foundation/system/logchunks.py) against the whole-file reads they
 replace: the same answers for any log, piece size and offset, and memory bounded by the piece
 size rather than the log (issue 27: the daemon's RSS stays flat under tens of MiB of log)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation import logchunks
+from shoprld.daemon.foundation.system import logchunks
 from shoprld.daemon.round.saves import save_timings
 
 LINES = st.lists(st.sampled_from([

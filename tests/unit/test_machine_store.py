@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.errors import LockError
+from shoprld.daemon.foundation.system.errors import LockError
 from shoprld.daemon.round.machine import (
     ADVANCE,
     PARKED_STATES,
@@ -21,7 +21,7 @@ from shoprld.daemon.round.machine import (
     State,
     render_into,
 )
-from shoprld.daemon.foundation.store import SCHEMA_VERSION, Store, atomic_write
+from shoprld.daemon.foundation.records.store import SCHEMA_VERSION, Store, atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +121,7 @@ def test_second_holder_of_the_lock_is_refused_with_the_pid(tmp_path: Path) -> No
     """One daemon per campaign: a second lock attempt (another process) fails naming the holder's pid."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path[:0] = [%r]\n"
-        "from shoprld.daemon.foundation.store import Store\n"
+        "from shoprld.daemon.foundation.records.store import Store\n"
         "s = Store(__import__('pathlib').Path(%r)); s.acquire_lock(); print('locked', flush=True); time.sleep(30)"
     ) % (str(ROOT), str(tmp_path))], stdout=subprocess.PIPE, text=True)
     try:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from shoprld.daemon.core.metrics import WARN_EVERY_S, TextfileMetrics, extras_problem, textfile_problem
-from shoprld.daemon.foundation.outputs import Protected
+from shoprld.daemon.foundation.records.outputs import Protected
 from tests.fsfixtures import read_only, tmpfs_fixture  # noqa: F401  (fixtures)
 
 # A mid-run status document (TRAIN, round 2, a checkpoint, a plan, disk limits).

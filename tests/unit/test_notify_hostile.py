@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.core.alerts import DEDUPE_FILE, Alerts, DedupeRecord
-from shoprld.daemon.foundation.configsections import NotifySection
-from shoprld.daemon.foundation.errors import PreflightError
-from shoprld.daemon.foundation.secrets import with_pattern
+from shoprld.daemon.foundation.config.configsections import NotifySection
+from shoprld.daemon.foundation.system.errors import PreflightError
+from shoprld.daemon.foundation.config.secrets import with_pattern
 from tests.hostile_http import HostileReceiver
 from tests.receiver import Receiver
 

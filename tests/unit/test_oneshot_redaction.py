@@ -6,10 +6,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import load_secrets
-from shoprld.daemon.foundation.store import JOURNAL_FILE
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import load_secrets
+from shoprld.daemon.foundation.records.store import JOURNAL_FILE
 from shoprld.daemon.ops.clean import clean
 from shoprld.daemon.ops.oneshot import OneShotLock
 from tests.demotree import make_tree

@@ -10,7 +10,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.procnet import TCP_LISTEN, cmdline, listeners, parse_tcp_table, socket_owners
+from shoprld.daemon.foundation.system.procnet import TCP_LISTEN, cmdline, listeners, parse_tcp_table, socket_owners
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 

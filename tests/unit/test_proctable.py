@@ -1,4 +1,4 @@
-"""The one /proc scanner (daemon/foundation/proctable.py), on real processes."""
+"""The one /proc scanner (daemon/foundation/system/proctable.py), on real processes."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shoprld.daemon.foundation.proctable import environ, group_pids, pids, session_pids
+from shoprld.daemon.foundation.system.proctable import environ, group_pids, pids, session_pids
 
 
 def test_a_new_session_lists_its_members_and_only_them() -> None:

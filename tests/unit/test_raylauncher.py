@@ -22,9 +22,9 @@ import anyio
 import httpx
 import pytest
 
-from shoprld.daemon.foundation.config import Config, config_from_dict
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config, config_from_dict
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.processes import ChildRecord, LocalLauncher
 from shoprld.daemon.services.ray import (
     RayJobChild,
@@ -36,7 +36,7 @@ from shoprld.daemon.services.ray import (
     ray_tmpdir_path,
     split_secrets,
 )
-from shoprld.daemon.foundation.proctable import session_pids
+from shoprld.daemon.foundation.system.proctable import session_pids
 from shoprld.daemon.services.rayjobs import RayJobsClient, RayJobsError
 from shoprld.daemon.round.plan import resolve
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shoprld.daemon.foundation import raysessions
-from shoprld.daemon.foundation.diskbudget import floor_unit
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout, short_link
+from shoprld.daemon.foundation.storage import raysessions
+from shoprld.daemon.foundation.storage.diskbudget import floor_unit
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout, short_link
 from shoprld.daemon.ops.clean import clean
 from shoprld.daemon.ops.demo import create_tree
-from shoprld.daemon.foundation.preflight import budget_for, need_line
+from shoprld.daemon.foundation.storage.preflight import budget_for, need_line
 from shoprld.daemon.services.ray import SESSION_LOGS_LINK, ray_tmpdir, session_pids
 from tests.conftest import remove_links_into
 from tests.unit.test_raylauncher import PRINT_ROLLOUTS, PY, STANDIN, free_port, setup, start_trainer

@@ -13,7 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from shoprld.daemon.foundation import errors
+from shoprld.daemon.foundation.system import errors
 from shoprld.daemon.ops import cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ import pytest
 
 from shoprld.daemon.services import commands
 from shoprld.daemon.ops.check import run_check
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.plan import RoundPlan, resolve
-from shoprld.daemon.foundation.secrets import with_pattern
+from shoprld.daemon.foundation.config.secrets import with_pattern
 from tests.roundctx import standalone_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,7 +290,7 @@ def test_progress_pattern_reads_slimes_rollout_lines(cfg: Config) -> None:
 def test_preflight_names_the_real_stacks_files_and_the_conversion(cfg: Config, layout: Layout) -> None:
     """must_exist covers the torch_dist ref load, the origin HF dir, the task data and the
     custom generate function; the hint names slime's HF -> torch_dist conversion."""
-    from shoprld.daemon.foundation.preflight import real_stack_problems
+    from shoprld.daemon.foundation.storage.preflight import real_stack_problems
 
     values = resolve(cfg, layout, 0).values
     must = {k: v.format_map(values) for k, v in cfg.preflight.must_exist.items()}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.rehearse import Scratch, derive
 from tests.demotree import make_tree
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shoprld.daemon.foundation.config import Config, load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import Config, load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.rehearse import Scratch
 from shoprld.daemon.ops.rehearse_judge import Pass, judge_pass, merge, read_records
 from tests.demotree import make_tree

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.rehearse_judge import (CONTRACT, STAGES, TRAINER, Pass, decisive_line, judge_pass, lacks,
                                                latest, merge)
 from tests.demotree import make_tree

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from shoprld.daemon.core.sources import changed_keys, reloaded
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.secrets import load_secrets, with_pattern
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.config.secrets import load_secrets, with_pattern
 from tests.demotree import make_tree
 
 URL = "http://127.0.0.1:9/hook/s3cr3t-path-token"

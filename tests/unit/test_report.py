@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoprld.daemon.ops import report, reportpage
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.ops.demo import create_tree
 
 T0 = 1_800_000_000.0
@@ -167,7 +167,7 @@ def test_without_the_extra_one_line_and_exit_3(tmp_path: Path) -> None:
 
 def test_the_daemon_never_imports_the_plotting_library() -> None:
     """Importing the engine, the CLI and status loads neither matplotlib nor the report module."""
-    code = ("import sys, shoprld.daemon.core.engine, shoprld.daemon.ops.cli, shoprld.daemon.foundation.status, shoprld.daemon.ops.demo\n"
+    code = ("import sys, shoprld.daemon.core.engine, shoprld.daemon.ops.cli, shoprld.daemon.foundation.records.status, shoprld.daemon.ops.demo\n"
             "print([m for m in ('matplotlib', 'shoprld.daemon.ops.report', 'shoprld.daemon.ops.reportpage') "
             "if m in sys.modules])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -269,7 +269,7 @@ def test_a_finished_rounds_record_keeps_the_val_tools_n_and_sem() -> None:
     validate against status.json's schema; a summary without them gives None, never a crash."""
     import jsonschema
 
-    from shoprld.daemon.foundation.status import SCHEMA_FILE
+    from shoprld.daemon.foundation.records.status import SCHEMA_FILE
     from shoprld.states.next_round import RoundRecords
 
     summary = {"counts": {"completed": 28, "requested": 30, "coverage": 0.93},

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.checkpoints import Checkpoint, IterationMapping, Scan, Tracker, iter_dir
+from shoprld.daemon.foundation.storage.checkpoints import Checkpoint, IterationMapping, Scan, Tracker, iter_dir
 from shoprld.daemon.round.resume import (
     Moment,
     SaveDir,

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import Config, config_from_dict
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.config.config import Config, config_from_dict
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.services.ray import RayLauncher
 from shoprld.daemon.services.rayjobs import RayJobsClient
 from shoprld.daemon.round.plan import RoundFacts, RoundPlan, resolve

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from shoprld.daemon.round import saves
 from shoprld.daemon.ops.check import run_check
-from shoprld.daemon.foundation.checkpoints import IterationMapping, scan
+from shoprld.daemon.foundation.storage.checkpoints import IterationMapping, scan
 from shoprld.daemon.round.plan import read_witness
 from shoprld.daemon.round.resume import Moment, SaveDir, Witness, retention
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.configsections import SavesSection
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.config.configsections import SavesSection
+from shoprld.daemon.foundation.records.layout import Layout
 from tests.demotree import make_tree
 from tests.unit.test_checkpoints import save as megatron_save
 from tests.unit.test_checkpoints import write_tracker

@@ -19,7 +19,7 @@ import pytest
 
 from shoprld.daemon.ops import unit as service
 from shoprld.daemon.ops.demo import create_tree
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.system.errors import ConfigError
 
 CANARY = "shoprld-canary-7f3c9e1d2b"
 TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "shoprld@.service"
@@ -106,8 +106,8 @@ def verify(tmp_path: Path, text: str, *, user: bool = False, name: str = "shoprl
 
 def test_system_unit_has_the_contract(demo_tree: Path) -> None:
     """The rendered system unit carries every directive SPEC §5 and issue 7 ask for."""
-    from shoprld.daemon.foundation.config import load_config
-    from shoprld.daemon.foundation.layout import Layout
+    from shoprld.daemon.foundation.config.config import load_config
+    from shoprld.daemon.foundation.records.layout import Layout
 
     lay = Layout.from_config(load_config(demo_tree))
     u = parse_unit(service.render(demo_tree, user=False).text)

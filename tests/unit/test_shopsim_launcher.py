@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.plan import RoundPlan
 from shoprld.daemon.services.shopsim import LAUNCHER_DIR, SERVICE_LOG, launcher, start_script
 from tests.demotree import make_tree

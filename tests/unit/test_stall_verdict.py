@@ -224,7 +224,7 @@ def test_an_adopted_trainer_gets_the_most_lenient_bound_until_its_phase_shows() 
 
 def test_trainer_lines_exclude_engine_access_lines_and_the_sidecar() -> None:
     """slime#1487's log kept growing with the engines' access lines: they are not the trainer's."""
-    from shoprld.daemon.foundation.configsections import TrainSection
+    from shoprld.daemon.foundation.config.configsections import TrainSection
     from shoprld.daemon.services.stallsignals import TrainSignals
 
     cfg = TrainSection()

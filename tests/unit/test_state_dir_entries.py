@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.statefiles import SOCKET_NAME, STATE_NAMES, state_dir_problems
+from shoprld.daemon.foundation.records.statefiles import SOCKET_NAME, STATE_NAMES, state_dir_problems
 from tests.demotree import SHOPRLD, make_tree
 
 

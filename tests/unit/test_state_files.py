@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.config import Config, load_config
+from shoprld.daemon.foundation.config.config import Config, load_config
 from shoprld.daemon.core.engine import Engine
-from shoprld.daemon.foundation.errors import ShoprldError
-from shoprld.daemon.foundation.layout import Layout
+from shoprld.daemon.foundation.system.errors import ShoprldError
+from shoprld.daemon.foundation.records.layout import Layout
 from shoprld.daemon.round.machine import State
-from shoprld.daemon.foundation.secrets import Secrets
-from shoprld.daemon.foundation.roundlog import ROUNDS_FILE
-from shoprld.daemon.foundation.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
+from shoprld.daemon.foundation.config.secrets import Secrets
+from shoprld.daemon.foundation.records.roundlog import ROUNDS_FILE
+from shoprld.daemon.foundation.records.store import JOURNAL_FILE, ROUND_DONE_EVENT, STATE_FILE, Store
 from tests.demotree import make_tree
 
 
@@ -279,7 +279,7 @@ def test_a_lost_rounds_file_is_rebuilt_from_the_journals_round_records(tmp_path:
 def test_snapshots_and_status_do_not_grow_with_the_rounds(demo_campaign: tuple[Path, Any, Layout]) -> None:
     """The snapshot (state.json, each journal transition) and status.json are the same size after 30
     rounds and after 300; `status --json` still lists every round, from rounds.jsonl."""
-    from shoprld.daemon.foundation.status import collect
+    from shoprld.daemon.foundation.records.status import collect
 
     campaign, cfg, layout = demo_campaign
     d = layout.state_dir

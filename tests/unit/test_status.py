@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation import status, statusview
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation import store
-from shoprld.daemon.foundation.store import PID_FILE, STATUS_FILE
+from shoprld.daemon.foundation.records import status, statusview
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records import store
+from shoprld.daemon.foundation.records.store import PID_FILE, STATUS_FILE
 from tests.demotree import LOCK_HOLDER, ready_child, status_snapshot
 
 SCHEMA = json.loads(status.SCHEMA_FILE.read_text())

@@ -17,9 +17,9 @@ from structlog.testing import capture_logs
 from shoprld.daemon.core import sources
 from shoprld.daemon.core.control import request_stop
 from shoprld.daemon.core.events import StopRequested
-from shoprld.daemon.foundation.status import NEAR_SAVE_S, save_is_near, stop_cost_line, unsaved_progress
-from shoprld.daemon.foundation.statusview import render_plain, view
-from shoprld.daemon.foundation.store import SOCKET_FILE
+from shoprld.daemon.foundation.records.status import NEAR_SAVE_S, save_is_near, stop_cost_line, unsaved_progress
+from shoprld.daemon.foundation.records.statusview import render_plain, view
+from shoprld.daemon.foundation.records.store import SOCKET_FILE
 
 
 @pytest.fixture

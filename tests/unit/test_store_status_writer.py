@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.store import STATUS_FILE, LatestWriter, Store
+from shoprld.daemon.foundation.records.store import STATUS_FILE, LatestWriter, Store
 
 
 def test_latest_bytes_win_and_flush_waits_for_them(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.system.errors import ConfigError
 from shoprld.daemon.ops import supervise
 from tests.demotree import make_tree
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.layout import Layout
-from shoprld.daemon.foundation.preflight import TMPDIR_KEYS, tmpdir_problems, tmpdir_too_long
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.foundation.storage.preflight import TMPDIR_KEYS, tmpdir_problems, tmpdir_too_long
 from tests.demotree import make_tree
 
 ROOT = Path(__file__).resolve().parents[2]

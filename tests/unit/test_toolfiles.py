@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shoprld.daemon.foundation.toolfiles import read_analysis, read_bare_summary, read_gate
-from shoprld.daemon.foundation.toolout import ToolOutputError
+from shoprld.daemon.foundation.tools.files import read_analysis, read_bare_summary, read_gate
+from shoprld.daemon.foundation.tools.payload import ToolOutputError
 from shoprld.states import gate as gate_state
 from shoprld.states import val as val_state
 from tests.roundctx import minimal_context

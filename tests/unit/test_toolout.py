@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoprld.daemon.foundation.toolout import ToolOutputError, last_json_object
+from shoprld.daemon.foundation.tools.payload import ToolOutputError, last_json_object
 from shoprld.states.train import CHECK, _output_of_last, check_verdict
 
 # The real check's payload (contracts/shopsimrl-tools.md §3.2 and its appendix).

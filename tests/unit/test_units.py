@@ -1,4 +1,4 @@
-"""The one formatter of bytes, durations and counts (daemon/foundation/units.py)."""
+"""The one formatter of bytes, durations and counts (daemon/foundation/system/units.py)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from shoprld.daemon.foundation.units import human_bytes, human_count, human_duration
+from shoprld.daemon.foundation.system.units import human_bytes, human_count, human_duration
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (42.4, "42s"), (185, "3m05s"), (725, "12m"),

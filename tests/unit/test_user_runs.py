@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from shoprld.daemon.foundation import checkpoints as ckpt
-from shoprld.daemon.foundation.config import load_config
-from shoprld.daemon.foundation.errors import ConfigError
-from shoprld.daemon.foundation.layout import RUNS_OWNER, Layout
+from shoprld.daemon.foundation.storage import checkpoints as ckpt
+from shoprld.daemon.foundation.config.config import load_config
+from shoprld.daemon.foundation.system.errors import ConfigError
+from shoprld.daemon.foundation.records.layout import RUNS_OWNER, Layout
 from shoprld.daemon.services.validate import problems
 from shoprld.states import val
 from shoprld.states.base import RoundContext

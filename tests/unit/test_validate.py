@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from shoprld.daemon.ops import cli
-from shoprld.daemon.foundation.config import Config, config_from_dict, load_config
-from shoprld.daemon.foundation.errors import ConfigError
+from shoprld.daemon.foundation.config.config import Config, config_from_dict, load_config
+from shoprld.daemon.foundation.system.errors import ConfigError
 from tests.demotree import kill_tree_leftovers, make_tree
 from tests.fsfixtures import FsUnavailable, mount_tmpfs, read_only
 
@@ -149,7 +149,7 @@ def test_vars_may_use_the_vars_above_them(tmp_path: Path) -> None:
     code, out, err = check(campaign)
     assert (code, err) == (0, ""), err
     cfg = load_config(campaign)
-    from shoprld.daemon.foundation.layout import Layout
+    from shoprld.daemon.foundation.records.layout import Layout
     from shoprld.daemon.round.plan import resolve
 
     values = resolve(cfg, Layout.from_config(cfg), 0).values

@@ -1,0 +1,1 @@
+"""The process's surroundings: errors and exit codes, logging, the terminal view, retries, /proc, tool versions, units."""

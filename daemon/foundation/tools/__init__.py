@@ -1,0 +1,1 @@
+"""What the ShopSimRL tools print and write, and why a stage failed."""
