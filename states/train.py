@@ -340,6 +340,38 @@ def _check_resume(ctx: RoundContext, resumed: resume.Resume, first: int) -> str 
             f"shoprld again")
 
 
+async def _judge_stall(ctx: RoundContext, watch: PhaseWatch | None, text: str, now: float, last_step_at: float,
+                       step_times: list[float], last_id: int | None, *, exited: bool) -> tuple[str | None, float]:
+    """One poll's stall verdict: phase-aware (``watch``, ``train.stall_verdict = "phases"``) or
+    the step rule. Journals ``train.stall``; returns the restart message when the policy
+    restarts (None: go on) and the step clock (re-armed after an alert-only verdict)."""
+    cfg = ctx.cfg.train
+    if watch is not None:
+        verdict = await watch.poll(text, now, ctx.shopsim.free_slots, ctx.emit)
+        if verdict is None or exited:
+            return None, last_step_at
+        ctx.emit("train.stall", idle_s=verdict.quiet_s, limit_s=verdict.limit_s, last_rollout=last_id,
+                 policy=cfg.stall_policy, phase=verdict.phase.value, basis=verdict.basis,
+                 signals=verdict.ages, engine_running=watch.signals.running)
+        if cfg.stall_policy == "restart":
+            return f"{verdict.message()}; restarting from the last checkpoint", last_step_at
+        watch.rearm(now)  # alert only: raise it once per limit
+        return None, last_step_at
+    # Before the first step slime loads the model and warms SGLang up, which takes longer than a
+    # step: allow stall_factor x stall_min for that.
+    limit = max(cfg.stall_factor * statistics.median(step_times), cfg.stall_min) if step_times \
+        else cfg.stall_factor * cfg.stall_min
+    idle = now - last_step_at
+    if exited or idle <= limit:
+        return None, last_step_at
+    ctx.emit("train.stall", idle_s=round(idle, 3), limit_s=round(limit, 3), last_rollout=last_id,
+             policy=cfg.stall_policy)
+    if cfg.stall_policy == "restart":
+        return (f"trainer stalled: no step for {idle:.1f}s (limit {limit:.1f}s); restarting from the last "
+                f"checkpoint"), last_step_at
+    return None, now  # alert only: raise it once per limit
+
+
 async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | None = None) -> Followed:
     """Follow the trainer's progress lines until it exits, stalls, or shows a wrong resume
     (checked on its first line when ``resume`` is given)."""
@@ -384,30 +416,11 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
                 step = min(ctx.cfg.campaign.steps_per_round, max(0, newest - start_iter))
                 ctx.emit("train.progress", rollout=newest, step=step,
                          step_seconds=statistics.median(step_times) if step_times else None)
-            if watch is not None:  # the phase-aware verdict (issue 30)
-                verdict = await watch.poll(text, now, ctx.shopsim.free_slots, ctx.emit)
-                if verdict is not None and not done.is_set():
-                    ctx.emit("train.stall", idle_s=verdict.quiet_s, limit_s=verdict.limit_s, last_rollout=last_id,
-                             policy=cfg.stall_policy, phase=verdict.phase.value, basis=verdict.basis,
-                             signals=verdict.ages, engine_running=watch.signals.running)
-                    if cfg.stall_policy == "restart":
-                        tg.cancel_scope.cancel()
-                        return Followed(stalled=f"{verdict.message()}; restarting from the last checkpoint")
-                    watch.rearm(now)  # alert only: raise it once per limit
-                continue
-            # Before the first step slime loads the model and warms SGLang up, which takes
-            # longer than a step: allow stall_factor x stall_min for that.
-            limit = max(cfg.stall_factor * statistics.median(step_times), cfg.stall_min) if step_times \
-                else cfg.stall_factor * cfg.stall_min
-            idle = now - last_step_at
-            if not done.is_set() and idle > limit:
-                ctx.emit("train.stall", idle_s=round(idle, 3), limit_s=round(limit, 3), last_rollout=last_id,
-                         policy=cfg.stall_policy)
-                if cfg.stall_policy == "restart":
-                    tg.cancel_scope.cancel()
-                    return Followed(stalled=f"trainer stalled: no step for {idle:.1f}s (limit {limit:.1f}s); "
-                                            f"restarting from the last checkpoint")
-                last_step_at = now  # alert only: raise it once per limit
+            stalled, last_step_at = await _judge_stall(ctx, watch, text, now, last_step_at, step_times, last_id,
+                                                       exited=done.is_set())
+            if stalled:
+                tg.cancel_scope.cancel()
+                return Followed(stalled=stalled)
     return Followed()
 
 
