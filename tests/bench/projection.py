@@ -84,10 +84,13 @@ INPUTS: dict[str, Input] = {
     "loading_gap_s": Input(180.0, "assumed", "a launch's longest still gap: the 53 GB checkpoint load (load_s)"),
     # The blocking part of an async save (Megatron --async-save with --use-persistent-ckpt-worker):
     # training waits for the copy to host memory; the write runs behind it. ASSUMED until helper
-    # "saves" measures a torch_dist save on a GPU machine (issue 30 item 2) and fills it in here:
-    # set value, source="measured", where="<machine, model, bytes, scaled to 53 GB by bytes>".
-    "async_save_blocking_s": Input(20.0, "assumed", "~13 GB per rank on 4 GPUs copied to host at a few GB/s "
-                                   "plus the save plan; to be replaced by the GPU measurement (issue 30 item 2)"),
+    # The worse of the two measured blocking times: the first async save of a trainer process
+    # (47 s at 53 GB; a later one blocks 1.2 s). Every relaunch starts a new process, so a round
+    # pays the first-save figure at least once; counting it for every save is conservative.
+    "async_save_blocking_s": Input(47.0, "measured", "one H100, megatron-core 0.19.2 torch_dist async save of "
+                                   "8.07 and 27.4 GB (GPT weights + Adam states), first save of the process: "
+                                   "20.6 s and 32.1 s blocking, a line through both at 53 GB "
+                                   "(run/gpu-smoke/results/saves-h100-2026-12-05.jsonl)"),
 }
 
 
