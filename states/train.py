@@ -469,15 +469,24 @@ def _warn_if_async_save_disabled(ctx: RoundContext) -> None:
                          f"blocks for its whole write; fix: pass {asyncsave.WORKER_FLAG} in train.command")
 
 
+#: One poll reads at most this much of the stage log; the rest waits for the next poll (a
+#: quarter second later). A Ray job's log arrives in bursts of engine lines, tens of MiB a round:
+#: read whole, one burst would cost the daemon several times its size in memory.
+POLL_READ_MAX = 1 << 20
+
+
 def _read_chunk(log: Path, offset: int) -> tuple[int, str]:
-    """The whole lines appended to ``log`` since ``offset``, and the offset after them."""
+    """The whole lines appended to ``log`` since ``offset`` (at most :data:`POLL_READ_MAX`
+    bytes of them), and the offset after them."""
     try:
         with open(log, "rb") as fh:
             fh.seek(offset)
-            chunk = fh.read()
+            chunk = fh.read(POLL_READ_MAX)
     except FileNotFoundError:
         return offset, ""
     end = chunk.rfind(b"\n") + 1
+    if end == 0 and len(chunk) == POLL_READ_MAX:  # one line longer than that: skipped, it is no step
+        return offset + len(chunk), ""
     return offset + end, chunk[:end].decode(errors="replace")
 
 
