@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.demotree import SHOPRLD, make_tree, proc_environ, proc_pids
+from tests.demotree import SHOPRLD, make_tree
 from tests.shopsimcheckout import differences, make_checkout, snapshot
+from tests.integration.test_rehearse import _leftovers, _scratch
 
 THREE = {"DEMO_FAULT_DROP_KEY": "check:status", "DEMO_FAULT_FILE_DROP": "analysis_summary.json:candidates",
          "DEMO_FAULT_ONE_LINE": "build-curriculum"}
@@ -36,26 +37,6 @@ def _rehearse(campaign: Path, env: dict[str, str] | None = None, *args: str) -> 
 def _verdicts(out: str) -> dict[str, str]:
     rows = re.findall(r"^  (\S+(?: \(slime stand-in\))?|ledger row)\s{2,}(.+)$", out.split("--- stderr ---")[0], re.M)
     return dict(rows)
-
-
-def _scratch(out: str) -> Path:
-    m = re.search(r"scratch (\S+)", out)
-    assert m, out
-    return Path(m.group(1))
-
-
-def _leftovers(scratch: Path) -> list[int]:
-    key = str(scratch).encode()
-    found = []
-    for pid in proc_pids():
-        env = proc_environ(pid) or b""
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            cmd = b""
-        if key in env or key in cmd:
-            found.append(pid)
-    return found
 
 
 def test_one_rehearsal_names_three_deviating_tools(tmp_path: Path) -> None:
