@@ -395,7 +395,7 @@ async def _follow(ctx: RoundContext, trainer: Child, resumed: resume.Resume | No
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         while not done.is_set():
-            with anyio.move_on_after(0.25):
+            with anyio.move_on_after(cfg.follow_interval):
                 await done.wait()
             offset, text = _read_chunk(log, offset)
             ids = [int(m.group(1)) for m in pattern.finditer(text)]

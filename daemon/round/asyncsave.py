@@ -11,6 +11,14 @@ itself (``_set_default_megatron_args``), older slime does not. So the flags are 
 they are written (``shoprld check``: :func:`command_line`) and where they take effect (TRAIN reads
 the trainer's log for Megatron's line: :func:`log_says_disabled`, journaled as
 ``train.async_save_disabled``; the save-interval model then stops counting the async lag).
+
+The placeholders give the flags only to a launch that saves inside the round (:func:`pays_off`).
+slime forces a launch's last save synchronous (``train.py``: ``force_sync`` at the last rollout),
+so a launch whose one save is the round's final would pay an async save's FIRST save in full:
+the process's first async save sets up the worker and its host buffers. Measured on one H100
+(megatron-core 0.19.2, ``run/gpu-smoke/results/saves-h100-2026-12-05.jsonl``), at 53 GB by a line
+through 8.07 and 27.4 GB: a first async save takes 98.5 s in full (47.3 s of it blocking), a sync
+save 61.8 s; a later async save blocks 1.2 s and takes 45.1 s in full.
 """
 
 from __future__ import annotations
@@ -28,6 +36,13 @@ DISABLED = b"Disabling --async-save"
 HEAD_BYTES = 8 << 20
 
 State = Literal["on", "off", "no_worker"]
+
+
+def pays_off(enabled: bool, interval: int, steps_per_round: int) -> bool:
+    """Whether ``{async_save}`` and ``{async_save_worker}`` give the flags to a launch whose
+    ``--save-interval`` is ``interval``: ``saves.async_save`` is on and the interval fires inside
+    the round (a launch with one save would pay a first async save, slower than a sync one)."""
+    return enabled and 0 < interval < steps_per_round
 
 
 def flags_state(command: Sequence[str], enabled: bool) -> State:
@@ -50,8 +65,9 @@ def command_line(command: Sequence[str], enabled: bool) -> str:
     """One line for ``shoprld check``: what the saves will be, and the fix when the flags disagree."""
     state = flags_state(command, enabled)
     if state == "on":
-        return (f"async saves: on ({ASYNC_FLAG} {WORKER_FLAG}); a mid-round save blocks only for its copy, "
-                f"its tracker lands when the next save starts; TRAIN warns if Megatron disables it")
+        return (f"async saves: on ({ASYNC_FLAG} {WORKER_FLAG}) for launches that save mid-round; a mid-round "
+                f"save blocks only for its copy, its tracker lands when the next save starts; TRAIN warns if "
+                f"Megatron disables it")
     if state == "no_worker":
         return (f"warning: train.command passes {ASYNC_FLAG} without {WORKER_FLAG}: Megatron disables async "
                 f"saves (\"Disabling --async-save\") unless slime sets the worker itself; fix: add "

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import shoprld.recipes.demo
 
 from shoprld.daemon.foundation.storage import checkpoints as ckpt
-from shoprld.daemon.round import resume, saves
+from shoprld.daemon.round import asyncsave, resume, saves
 from shoprld.daemon.foundation.config.condaenv import activation_argv
 from shoprld.daemon.foundation.config.config import Config
 from shoprld.daemon.foundation.config.configsections import ProcessSpec
@@ -301,6 +301,11 @@ class RoundPlan:
         interval = facts.save_interval or str(self.cfg.train.save_interval)
         return saves.hf_at_every_save(self.cfg, int(interval)) if interval.isdigit() else True
 
+    def _async_saves(self, facts: RoundFacts) -> bool:
+        interval = facts.save_interval or str(self.cfg.train.save_interval)
+        return asyncsave.pays_off(self.cfg.saves.async_save, int(interval) if interval.isdigit() else 0,
+                                  self.cfg.campaign.steps_per_round)
+
     def values(self, facts: RoundFacts) -> dict[str, str]:
         """Every {placeholder} for this round (placeholders.PLACEHOLDERS documents them)."""
         cfg, lay = self.cfg, self.layout
@@ -334,8 +339,8 @@ class RoundPlan:
             "sequence_parallel": "--sequence-parallel" if cfg.gpus.tp_size > 1 else "",
             "save_hf": "--save-hf" if self._hf_at_every_save(facts) else "",
             "save_hf_dir": str(self.hf_dir) if self._hf_at_every_save(facts) else "",
-            "async_save": "--async-save" if cfg.saves.async_save else "",
-            "async_save_worker": "--use-persistent-ckpt-worker" if cfg.saves.async_save else "",
+            "async_save": asyncsave.ASYNC_FLAG if self._async_saves(facts) else "",
+            "async_save_worker": asyncsave.WORKER_FLAG if self._async_saves(facts) else "",
             **self._wandb_team(),
             **self.inputs,
         }

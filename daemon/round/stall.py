@@ -6,10 +6,11 @@ A slime step has phases, each with signals that a working trainer keeps moving:
   the SGLang engines' start, the first weight update). Signals: the trainer's log lines, ShopSim
   requests, SGLang's generated tokens.
 - ROLLOUT: generation against SGLang and ShopSim, from a step's end (training's or a save's) to
-  ``Timer actor_train start``. Signals: ShopSim requests (the service's request log growing),
+  ``Timer train start`` (older logs: ``Timer actor_train start``). Signals: ShopSim requests (the service's request log growing),
   lease activity (``free_slots`` changing), SGLang's ``generation_tokens_total``, log lines.
-- TRAINING: ``Timer actor_train start`` to ``Timer actor_train end``. Signals: the trainer's own
-  log lines (a line per optimizer step).
+- TRAINING: ``Timer train start`` to ``Timer actor_train end``: the log-prob passes, then the
+  optimizer steps. Signals: the trainer's own log lines (each pass's timer lines, a line per
+  optimizer step).
 - SAVING: ``Timer save_model start`` to ``... end``. Signals: the checkpoint's bytes growing,
   log lines.
 
@@ -51,9 +52,13 @@ class Marker(str, Enum):
     SAVE_END = "save_end"
 
 
-# slime's timer lines (slime/utils/timer.py: ``Timer {name} start`` / ``Timer {name} end``);
-# ``actor_train`` is the last line slime#1487 printed before its hang.
+# slime's timer lines (slime/observability/timer.py: ``Timer {name} start`` / ``Timer {name}
+# end``). Training starts at ``Timer train start`` (megatron_utils/actor.py ``train_actor``:
+# the forward-only log-prob passes, ``Timer ref_log_probs`` and ``Timer log_probs``, come before
+# ``Timer actor_train``, and nothing of a rollout moves during them); ``actor_train start`` is the
+# last line slime#1487 printed before its hang.
 MARKERS: tuple[tuple[str, Marker], ...] = (
+    ("Timer train start", Marker.TRAIN_START),
     ("Timer actor_train start", Marker.TRAIN_START),
     ("Timer actor_train end", Marker.TRAIN_END),
     ("Timer save_model start", Marker.SAVE_START),

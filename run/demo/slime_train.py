@@ -30,6 +30,7 @@ Fault knobs: see run/demo/README.md (DEMO_CRASH_AT, DEMO_STALL_AT, DEMO_DIE_MID_
 DEMO_HANG_ON_START, DEMO_HANG_AFTER_ENGINES_AT, DEMO_HANG_IN_TRAIN_AT, DEMO_SLOW_AT, DEMO_LEAK_LEASES,
 DEMO_FAULT_RESUME_AT_ZERO, DEMO_FAULT_ONCE_DIR,
 DEMO_CKPT_BYTES, DEMO_CKPT_SHARDS, DEMO_HF_BYTES, DEMO_SAVE_SECONDS, DEMO_SAVE_BLOCK_SECONDS,
+DEMO_SAVE_FIRST_BLOCK_SECONDS, DEMO_SAVE_ASYNC_SECONDS, DEMO_TIMER_DECIMALS,
 DEMO_TOUCH_ON_CRASH, DEMO_STEP_SECONDS,
 DEMO_TRIAGE_FRACTION, DEMO_LOG_MIB); run/demo/_faults.py lists the trainer's fault knobs for the benches.
 """
@@ -251,13 +252,18 @@ class Engine:
 
 # ---------------------------------------------------------------- checkpoints
 
-def write_data(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
-    """The shards of `iter_N/` (common.pt, __R_0.distcp, .metadata), each fsynced; return the
-    weights digest (what `_common.load_checkpoint` computes from them)."""
+# The share of a step's training time each forward-only log-prob pass takes (the reference
+# model's and the actor's): a pass over the rollout's 128 samples at 1 unit a sample against 2
+# optimizer steps of 64 at 4 (forward, backward, full recompute): 128 / (2 x 128 + 512) = 1/6.
+LOG_PROB_SHARE = 1 / 6
+
+
+def write_data(save: Path, iteration: int, seed: int, faults: Faults | None, save_s: float) -> str:
+    """The shards of `iter_N/` (common.pt, __R_0.distcp, .metadata), each fsynced, written over
+    ``save_s`` seconds; return the weights digest (what `_common.load_checkpoint` computes from them)."""
     ckpt_bytes = c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0
     shards = max(1, c.env_int("DEMO_CKPT_SHARDS", 1) or 1)
     hf_bytes = c.env_int("DEMO_HF_BYTES", 256 << 10) or 0
-    save_s = c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0
     d = save / c.iter_dir_name(iteration)
     d.mkdir(parents=True, exist_ok=True)
     common = {"format": "shoprld-demo-common-v1 (stand-in for a torch pickle)",
@@ -307,13 +313,13 @@ def finalize(save: Path, iteration: int) -> None:
 def write_checkpoint(save: Path, iteration: int, seed: int, faults: Faults | None) -> str:
     """A synchronous save: `iter_N/` in Megatron's order, each file fsynced, then the tracker;
     return the weights digest."""
-    digest = write_data(save, iteration, seed, faults)
+    save_s = c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0
+    digest = write_data(save, iteration, seed, faults, save_s)
     c.write_fsync(save / c.iter_dir_name(iteration) / "metadata.json", c.canonical_json(c.METADATA_JSON).encode())
     c.fsync_dir(save / c.iter_dir_name(iteration))
     c.fsync_dir(save)
     # DEMO_SAVE_SECONDS (the wall time a real save takes: a 53 GB checkpoint takes minutes) was
     # spent while write_data wrote the shards; with no shard bytes, it is spent here.
-    save_s = c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0
     if save_s and (c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0) <= 0:
         time.sleep(save_s)
     # Megatron writes the tracker last, with a plain (non-atomic) write.
@@ -326,8 +332,11 @@ class AsyncSaver:
     """Megatron's `--async-save` with `--use-persistent-ckpt-worker`, as slime drives it.
 
     A save blocks for DEMO_SAVE_BLOCK_SECONDS (planning and the device-to-host copy: what
-    bench_save.py measures as the blocking part), then a worker thread writes the shards and
-    waits DEMO_SAVE_SECONDS (the background write), while training goes on. Nothing marks the
+    bench_save.py measures as the blocking part; the process's first async save blocks for
+    DEMO_SAVE_FIRST_BLOCK_SECONDS instead, when set: it sets up the worker and its host buffers,
+    47 s against 1.2 s at 53 GB on an H100), then a worker thread writes the shards over
+    DEMO_SAVE_ASYNC_SECONDS (the background write; default DEMO_SAVE_SECONDS, which is a sync
+    save's time), while training goes on. Nothing marks the
     save complete until it is finalized: `metadata.json`, then the tracker. slime finalizes a
     save only at the start of the NEXT one (`save_model`: `maybe_finalize_async_save(blocking=True)`
     before `save(...)`) or right after a forced-sync save (the last rollout): so iteration k's
@@ -337,6 +346,7 @@ class AsyncSaver:
     def __init__(self, save: Path, seed: int, faults: Faults) -> None:
         self.save, self.seed, self.faults = save, seed, faults
         self.pending: tuple[int, threading.Thread, list[str]] | None = None
+        self.scheduled = 0  # saves scheduled by this process (its first one blocks longer)
 
     def finalize_pending(self) -> None:
         if self.pending is None:
@@ -349,12 +359,18 @@ class AsyncSaver:
                   "checkpointing.py:0")
 
     def schedule(self, iteration: int) -> None:
-        time.sleep(c.env_float("DEMO_SAVE_BLOCK_SECONDS", 0.0) or 0.0)
+        block = c.env_float("DEMO_SAVE_BLOCK_SECONDS", 0.0) or 0.0
+        if not self.scheduled:
+            block = c.env_float("DEMO_SAVE_FIRST_BLOCK_SECONDS", block) or 0.0
+        self.scheduled += 1
+        time.sleep(block)
         digest: list[str] = []
 
         def work() -> None:
-            digest.append(write_data(self.save, iteration, self.seed, self.faults))
-            time.sleep(c.env_float("DEMO_SAVE_SECONDS", 0.0) or 0.0)
+            write_s = c.env_float("DEMO_SAVE_ASYNC_SECONDS", c.env_float("DEMO_SAVE_SECONDS", 0.0)) or 0.0
+            digest.append(write_data(self.save, iteration, self.seed, self.faults, write_s))
+            if (c.env_int("DEMO_CKPT_BYTES", 1 << 20) or 0) <= 0:  # no shards to spend it on
+                time.sleep(write_s)
 
         worker = threading.Thread(target=work, name=f"ckpt-worker-{iteration}", daemon=True)
         worker.start()
@@ -435,7 +451,10 @@ def timed_save(args: argparse.Namespace, iteration: int, faults: Faults, saver: 
     slime_log("Timer save_model start", "timer.py:0")
     t0 = time.monotonic()
     save_all(args, iteration, faults, saver, force_sync)
-    slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.1f}s)", "timer.py:0")
+    # slime prints a tenth of a second; DEMO_TIMER_DECIMALS (1) gives a bench that scales time
+    # down 1000x the resolution a real save's seconds have (the daemon reads any decimals).
+    decimals = max(1, c.env_int("DEMO_TIMER_DECIMALS", 1) or 1)
+    slime_log(f"Timer save_model end (elapsed: {time.monotonic() - t0:.{decimals}f}s)", "timer.py:0")
 
 
 # ---------------------------------------------------------------- rollouts
@@ -662,20 +681,31 @@ def main() -> int:
             engine_chatter(chatter)
         rewards = [r["reward"] for r in results if "reward" in r]
         mean = sum(rewards) / len(rewards) if rewards else 0.0
-        # slime logs the rollout's data as training starts (slime#1487's last lines: `rollout
-        # 16: {...}`, `passrate 16`, `Timer actor_train start`), then a line per optimizer step.
+        # slime's training (megatron_utils/actor.py train_actor): `Timer train start`, the
+        # forward-only log-prob passes of the reference and the actor model (`Timer
+        # ref_log_probs` / `Timer log_probs`), the rollout's data (slime#1487's last lines:
+        # `rollout 16: {...}`, `passrate 16`, `Timer actor_train start`), then a line per
+        # optimizer step (model.py). A pass over the rollout's samples forward only costs about
+        # a sixth of the training time, the optimizer steps with full recompute the rest.
+        train_s = step_s * slow
+        slime_log("Timer train start", "timer.py:24")
+        for name in ("ref_log_probs", "log_probs"):
+            slime_log(f"Timer {name} start", "timer.py:24")
+            time.sleep(train_s * LOG_PROB_SHARE)
+            slime_log(f"Timer {name} end (elapsed: {train_s * LOG_PROB_SHARE:.1f}s)", "timer.py:24")
         slime_log(f"rollout {rollout_id}: {{\"rollout/reward\": {mean:.4f}, \"rollout/num_rollout\": {end}}}",
                   "train_metric_utils.py:0")
         slime_log("Timer actor_train start", "timer.py:24")
         if faults.hang_in_train_at == rollout_id and faults.fire("hang_in_train"):
             stall_forever(f"hang in training after rollout {rollout_id} (slime#1487)")
-        train_s = step_s * slow
+        optim_s = train_s * (1 - 2 * LOG_PROB_SHARE)
         for k in range(train_lines):
-            time.sleep(train_s / (train_lines + 1))
+            time.sleep(optim_s / (train_lines + 1))
             slime_log(f"step {rollout_id * train_lines + k}: {{\"train/loss\": 0.0, \"train/grad_norm\": 1.0}}",
                       "model.py:0")
-        time.sleep(train_s / (train_lines + 1))
-        slime_log(f"Timer actor_train end (elapsed: {train_s:.1f}s)", "timer.py:24")
+        time.sleep(optim_s / (train_lines + 1))
+        slime_log(f"Timer actor_train end (elapsed: {optim_s:.1f}s)", "timer.py:24")
+        slime_log(f"Timer train end (elapsed: {train_s:.1f}s)", "timer.py:24")
         rollouts.record(rollout_id, results)
         step_time = time.monotonic() - t0
         slime_log(f"perf {rollout_id}: {{\"perf/step_time\": {step_time:.3f}}}", "rollout_metrics.py:0")

@@ -20,6 +20,7 @@ from shoprld.daemon.services import commands
 from shoprld.daemon.ops.check import run_check
 from shoprld.daemon.foundation.config.config import Config, load_config
 from shoprld.daemon.foundation.records.layout import Layout
+from shoprld.daemon.round import saves
 from shoprld.daemon.round.plan import RoundPlan, resolve
 from shoprld.daemon.foundation.config.secrets import with_pattern
 from tests.roundctx import standalone_context
@@ -58,8 +59,6 @@ def seed_train_argv(r: int, *, save: str, hf: str, load: str, loop: str, wandb_d
         *MODEL_ARGS,
         # checkpoints
         "--hf-checkpoint", HF_ORIGIN, "--load", load, "--save", save, "--save-interval", "10000", "--save-hf", hf,
-        # shoprld's addition (issue 30): Megatron's async save with the worker it needs
-        "--async-save", "--use-persistent-ckpt-worker",
         # data
         "--prompt-data", f"{PROJECT}/data/shopsim_train.jsonl", "--input-key", "prompt", "--metadata-key", "metadata",
         "--apply-chat-template", "--rollout-shuffle",
@@ -169,6 +168,25 @@ def test_train_argv_is_the_seeds_argument_for_argument(cfg: Config, layout: Layo
                            loop=f"{PROJECT}/runs/loop/round-00{r}", wandb_dir=f"{EXP}/wandb")
     assert job.argv == want
     assert job.submission_id == f"shoprld-qwen35-4b-qwen35-4b-train-100-round-00{r}-1"
+
+
+def test_async_saves_only_for_a_launch_that_saves_mid_round(cfg: Config, tmp_path: Path) -> None:
+    """Issue 30: with one save per round (the seed's 10000) the launch's only save is the round's
+    final, which slime forces synchronous, and a first async save costs more than a sync one: no
+    async flags. Once the adaptive choice saves every 5 steps, the launch gets --async-save with
+    the worker Megatron needs, and no --save-hf (EXPORT_HF converts once)."""
+    moved = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"ephemeral_root": tmp_path})})
+    lay = Layout.from_config(moved, environ={})
+    once = commands.train_job(moved, lay, secrets(), 0, planned=False).argv
+    assert "--async-save" not in once and "--use-persistent-ckpt-worker" not in once and "--save-hf" in once
+    record = saves.record_path(lay, 0)
+    assert tmp_path in record.parents
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"interval": 5}))
+    mid = commands.train_job(moved, lay, secrets(), 0, planned=False).argv
+    i = mid.index("--async-save")
+    assert mid[i + 1] == "--use-persistent-ckpt-worker" and "--save-hf" not in mid
+    assert mid[mid.index("--save-interval") + 1] == "5"
 
 
 def test_upstreams_optional_flags_follow_tp_and_the_env(cfg: Config, layout: Layout) -> None:

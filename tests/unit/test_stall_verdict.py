@@ -175,6 +175,24 @@ def test_markers_in_slime_lines() -> None:
     assert markers_in(lines) == [Marker.TRAIN_START, Marker.TRAIN_END, Marker.SAVE_START, Marker.SAVE_END]
 
 
+def test_training_starts_at_slimes_train_timer_before_the_log_prob_passes() -> None:
+    """slime's train_actor (megatron_utils/actor.py) prints `Timer train start`, then the
+    forward-only log-prob passes, then `Timer actor_train start`: the passes belong to TRAINING,
+    so a pass with no rollout signal moving is judged by training's bound, not rollout's."""
+    lines = ["timer.py:24 - Timer train_wait end (elapsed: 1.0s)", "timer.py:24 - Timer train start",
+             "timer.py:24 - Timer ref_log_probs start", "timer.py:24 - Timer ref_log_probs end (elapsed: 90.0s)",
+             "timer.py:24 - Timer actor_train start", "model.py:918 - step 0: {}",
+             "timer.py:24 - Timer actor_train end (elapsed: 300.0s)", "timer.py:24 - Timer train end (elapsed: 400.0s)",
+             "timer.py:24 - Timer train_wait start"]
+    assert markers_in(lines) == [Marker.TRAIN_START, Marker.TRAIN_START, Marker.TRAIN_END]
+    watch = StallWatch(0.0, trained(rollout=[2.0, 2.0, 2.0], training=[50.0, 50.0, 50.0]), B)
+    watch.observe(1.0, {"shopsim_requests": 1.0}, [])
+    watch.observe(2.0, {"shopsim_requests": 2.0}, [Marker.TRAIN_START])  # `Timer train start`
+    assert watch.phase is Phase.TRAINING
+    watch.observe(60.0, {"shopsim_requests": 2.0}, [])  # a 58 s log-prob pass: no rollout signal
+    assert watch.verdict(60.0) is None  # training's bound is 250 s; rollout's would be 10 s
+
+
 def test_learned_round_trips_and_survives_garbage() -> None:
     learned = trained(rollout=[1.0, 2.0], training=[3.0])
     assert Learned.from_json(learned.to_json()).gaps == learned.gaps

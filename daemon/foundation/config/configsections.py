@@ -241,6 +241,9 @@ class TrainSection(ProcessSpec):
     stall_phase_factor: Float = Field(default=3.0, gt=1, le=1000)
     stall_quiet_min: Duration = 300.0   # no learned bound is shorter
     stall_min_samples: Int = Field(default=3, ge=1, le=1000)  # finished phases before a bound is learned
+    # How often TRAIN reads the trainer's new log lines and the stall signals. A phase's still
+    # gaps are measured at this grain: a bench that scales time down 1000x sets it lower.
+    follow_interval: Duration = Field(default=0.25, gt=0)
     # A trainer line that is a sign of life (slime's logger: "[time] file.py:N - msg"), and the
     # lines that are not even when they match (SGLang's access lines: slime#1487 printed them for
     # hours while training hung).

@@ -65,8 +65,8 @@ PLACEHOLDERS: dict[str, str] = {
     "sequence_parallel": "--sequence-parallel when gpus.tp_size > 1, else left out (as upstream)",
     "save_hf": "--save-hf, left out when the launch saves mid-round and export.command can convert once",
     "save_hf_dir": "hf_dir, left out with {save_hf}",
-    "async_save": "--async-save when saves.async_save (the default), else left out",
-    "async_save_worker": "--use-persistent-ckpt-worker when saves.async_save, else left out (without it Megatron disables --async-save)",
+    "async_save": "--async-save when saves.async_save (the default) and the launch saves mid-round, else left out",
+    "async_save_worker": "--use-persistent-ckpt-worker with {async_save}, else left out (without it Megatron disables --async-save)",
     "wandb_team_flag": "--wandb-team when the .env sets WANDB_ENTITY, else left out (as upstream)",
     "wandb_entity": "the .env's WANDB_ENTITY, else left out",
 }
