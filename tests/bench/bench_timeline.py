@@ -495,7 +495,7 @@ def relaunches(recs: list[dict[str, Any]], base: float) -> list[dict[str, Any]]:
             failed["reused"].append({"role": r.get("role"), "saved_s": r.get("saved_s")})
         elif failed is not None and ev == "stage.spawn" and r.get("role") == "trainer":
             failed["to_spawn_s"], failed["_spawn"] = round(r["t"] - failed["_t"], 3), r["t"]
-        elif failed is not None and "_spawn" in failed and ev == "train.progress":
+        elif failed is not None and "_spawn" in failed and ev == "train.resume_check":  # its first progress line
             failed["spawn_to_first_progress_s"] = round(r["t"] - failed["_spawn"], 3)
             out.append({k: v for k, v in failed.items() if not k.startswith("_")})
             failed = None
