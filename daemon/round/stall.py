@@ -6,8 +6,9 @@ A slime step has phases, each with signals that a working trainer keeps moving:
   the SGLang engines' start, the first weight update). Signals: the trainer's log lines, ShopSim
   requests, SGLang's generated tokens.
 - ROLLOUT: generation against SGLang and ShopSim, from a step's end (training's or a save's) to
-  ``Timer train start`` (older logs: ``Timer actor_train start``). Signals: ShopSim requests (the service's request log growing),
-  lease activity (``free_slots`` changing), SGLang's ``generation_tokens_total``, log lines.
+  ``Timer train start`` (older logs: ``Timer actor_train start``). Signals: ShopSim requests
+  (the service's request log growing), lease activity (``free_slots`` changing), SGLang's
+  ``generation_tokens_total``, log lines.
 - TRAINING: ``Timer train start`` to ``Timer actor_train end``: the log-prob passes, then the
   optimizer steps. Signals: the trainer's own log lines (each pass's timer lines, a line per
   optimizer step).

@@ -252,12 +252,6 @@ class Engine:
 
 # ---------------------------------------------------------------- checkpoints
 
-# The share of a step's training time each forward-only log-prob pass takes (the reference
-# model's and the actor's): a pass over the rollout's 128 samples at 1 unit a sample against 2
-# optimizer steps of 64 at 4 (forward, backward, full recompute): 128 / (2 x 128 + 512) = 1/6.
-LOG_PROB_SHARE = 1 / 6
-
-
 def write_data(save: Path, iteration: int, seed: int, faults: Faults | None, save_s: float) -> str:
     """The shards of `iter_N/` (common.pt, __R_0.distcp, .metadata), each fsynced, written over
     ``save_s`` seconds; return the weights digest (what `_common.load_checkpoint` computes from them)."""
@@ -608,6 +602,12 @@ def check_wandb(args: argparse.Namespace) -> None:
         run = Path(args.wandb_dir) / "wandb" / f"offline-run-demo-{args.wandb_group or 'nogroup'}"
         run.mkdir(parents=True, exist_ok=True)
         (run / "README").write_text("shoprld demo stand-in: offline W&B run marker\n")
+
+
+# The share of a step's training time each forward-only log-prob pass takes (the reference
+# model's and the actor's): a pass over the rollout's 128 samples at 1 unit a sample against 2
+# optimizer steps of 64 at 4 (forward, backward, full recompute): 128 / (2 x 128 + 512) = 1/6.
+LOG_PROB_SHARE = 1 / 6
 
 
 def main() -> int:

@@ -14,8 +14,10 @@ stamp="$venv/.shoprld-ray-installed"
 if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The stamp names the checkout the editable install points at: a venv cached for another
+# checkout (a CI clone, a removed worktree) is reinstalled from this one.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$here" ]; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "ray[default]" -e ".[test]"
-    touch "$stamp"
+    printf '%s' "$here" > "$stamp"
 fi
 exec "$venv/bin/python" -m pytest -q -m slow -p no:cacheprovider tests/integration/test_real_ray.py "$@"

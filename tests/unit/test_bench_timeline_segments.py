@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.bench.bench_timeline import round_of, round_segments
+from tests.bench.bench_timeline import relaunches, round_of, round_segments
 
 
 def test_segments_add_up_to_the_wall_and_cut_at_each_rounds_last_rollout() -> None:
@@ -34,3 +34,21 @@ def test_rollouts_are_read_from_slimes_perf_lines(tmp_path) -> None:  # type: ig
                    '[demo fault] stall at rollout 7: alive, making no progress\n'
                    '[2026-12-01 19:30:09] rollout_metrics.py:0 - perf 6: {"perf/step_time": 1.412}\n')
     assert rollouts_in([log]) == [(6, 1.499), (6, 1.412)]
+
+
+def test_relaunches_time_each_trainer_restart_after_a_failure_in_train() -> None:
+    """Per failure in TRAIN: seconds to the new trainer's spawn and to its first progress line
+    (train.resume_check), and the tools reused; a spawn with no failure before it is no relaunch."""
+    recs = [
+        {"event": "stage.spawn", "role": "trainer", "t": 100.0},            # the round's first launch
+        {"event": "train.resume_check", "t": 100.5},
+        {"event": "attempt.failed", "state": "TRAIN", "round": 1, "cause": {"name": "stall"}, "t": 110.0},
+        {"event": "train.tool_reused", "role": "emit", "saved_s": 0.07, "t": 110.01},
+        {"event": "stage.spawn", "role": "sidecar", "t": 110.02},
+        {"event": "stage.spawn", "role": "trainer", "t": 110.05},
+        {"event": "train.resume_check", "t": 110.6},
+        {"event": "attempt.failed", "state": "VAL", "round": 1, "t": 120.0},  # not TRAIN: ignored
+    ]
+    assert relaunches(recs, base=100.0) == [
+        {"t": 10.0, "round": 1, "cause": "stall", "reused": [{"role": "emit", "saved_s": 0.07}],
+         "to_spawn_s": 0.05, "spawn_to_first_progress_s": 0.55}]
