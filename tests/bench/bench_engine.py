@@ -77,6 +77,7 @@ from common import (  # noqa: E402
     make_tree,
     proc_sample,
     rollouts_in,
+    stop_daemon,
     summary,
 )
 
@@ -538,12 +539,7 @@ def bench_idle(root: Path, window: float, *, real_intervals: bool, status_runs: 
         if status_runs:
             out["status"] = bench_status(campaign, status_runs)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_daemon(proc)
     return out
 
 

@@ -31,9 +31,7 @@ would have waited, in real minutes.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_timeline import SCALE, STEP_SLEEP, build_tree, campaign_env, daemon_env, GEN_S  # noqa: E402
-from common import cleanup_tree, emit_json, journal, log, machine  # noqa: E402
+from common import cleanup_tree, emit_json, journal, log, machine, stop_daemon  # noqa: E402
 
 from tests.demotree import SHOPRLD  # noqa: E402
 
@@ -95,13 +93,7 @@ def run_shape(root: Path, name: str, extra: dict[str, str], timeout: float) -> d
                 break
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_daemon(proc)
         cleanup_tree(root)
     recs = records(root)
     verdicts = [{"round": r.get("round"), "phase": r.get("phase"), "idle_s": r.get("idle_s"),

@@ -13,6 +13,7 @@ import platform
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -174,6 +175,18 @@ def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def stop_daemon(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM a daemon this benchmark started (it stops its children), SIGKILL it after ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def cleanup_tree(root: Path) -> None:
     """Stop everything a benchmark started under ``root`` (the daemon's tag, or the bash
     runner's, which uses the same SHOPRLD_CHILD=<root>/state| prefix)."""
@@ -223,4 +236,4 @@ def success_rates(repo: Path) -> dict[str, float | None]:
 
 __all__ = ["ROOT", "BENCH_DIR", "SHIM", "SEED_LOOP", "PYTHON", "log", "emit_json", "machine", "pct",
            "summary", "linreg", "proc_sample", "Sampler", "descendants", "tagged_pids", "kill_pids",
-           "cleanup_tree", "rollouts_in", "work_lost", "success_rates", "journal", "make_tree"]
+           "cleanup_tree", "stop_daemon", "rollouts_in", "work_lost", "success_rates", "journal", "make_tree"]
